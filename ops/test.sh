@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The whole test suite: SQLite and a real PostgreSQL server, unit to end-to-end.
+# Usage: ops/test.sh [pytest args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash ops/ensure-postgres.sh
+export SAGA_TEST_DATABASE_URL=${SAGA_TEST_DATABASE_URL:-postgresql://postgres@127.0.0.1:5432/test}
+python -m pytest "$@"

@@ -1,0 +1,171 @@
+"""The Python API: load a definition, start and drive runs, read status and history.
+
+Everything the CLI does goes through :class:`Saga`, so a program can do it too::
+
+    from saga import Saga
+
+    with Saga() as s:
+        run = s.run("compositions/deploy.yaml", inputs={"service": "api"})
+        print(run.status, run.outputs)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from saga.application import SagaApplication, open_app
+from saga.config import Settings, load_settings
+from saga.definition import load_file, resolve_inputs
+from saga.domain import Run
+from saga.errors import RunStateError
+from saga.executor import EventHook, Executor
+from saga.plan import Plan, compile_plan
+from saga.tools import Registry, load_registry
+
+
+class Saga:
+    """A handle on one store and one set of tools."""
+
+    def __init__(self, settings: Settings | None = None, *, tools: Iterable[str] = (),
+                 registry: Registry | None = None, worker: str | None = None) -> None:
+        self.settings = settings or load_settings()
+        self._tool_modules = tuple(self.settings.tools) + tuple(tools)
+        self._registry = registry
+        self._app: SagaApplication | None = None
+        self.worker = worker
+
+    def __enter__(self) -> Saga:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def registry(self) -> Registry:
+        """The available tools (loaded on first use)."""
+        if self._registry is None:
+            self._registry = load_registry(self._tool_modules)
+        return self._registry
+
+    @property
+    def app(self) -> SagaApplication:
+        """The event store (opened on first use)."""
+        if self._app is None:
+            self._app = open_app(self.settings)
+        return self._app
+
+    def close(self) -> None:
+        """Release the store."""
+        if self._app is not None:
+            self._app.close()
+            self._app = None
+
+    def load(self, source: str | Path | Mapping[str, Any]) -> Plan:
+        """Load and validate a composition (a file path or raw data) into a plan."""
+        if isinstance(source, Mapping):
+            return compile_plan(dict(source), tools=self.registry.names())
+        return compile_plan(load_file(source), tools=self.registry.names(), source=str(source))
+
+    def start(self, plan: Plan | str | Path, inputs: Mapping[str, Any] | None = None, *,
+              actor: str | None = None, labels: Mapping[str, str] | None = None,
+              options: Mapping[str, Any] | None = None) -> Run:
+        """Check inputs and create a run (not yet saved); see :meth:`run` and :meth:`submit`."""
+        if not isinstance(plan, Plan):
+            plan = self.load(plan)
+        resolved = resolve_inputs(plan.definition, dict(inputs or {}))
+        context = {"actor": actor or self.settings.actor, "labels": dict(labels or {}),
+                   "mode": (options or {}).get("mode", "normal")}
+        return self.app.start(plan.definition, resolved, context, dict(options or {}))
+
+    def submit(self, plan: Plan | str | Path, inputs: Mapping[str, Any] | None = None,
+               **kwargs: Any) -> Run:
+        """Record a new run without executing it."""
+        run = self.start(plan, inputs, **kwargs)
+        self.app.save_run(run)
+        return run
+
+    def run(self, plan: Plan | str | Path, inputs: Mapping[str, Any] | None = None, *,
+            on_events: EventHook | None = None, **kwargs: Any) -> Run:
+        """Start a run and drive it in this process until it finishes or waits."""
+        run = self.start(plan, inputs, **kwargs)
+        return self.drive(run, on_events=on_events)
+
+    def drive(self, run: Run, *, on_events: EventHook | None = None) -> Run:
+        """Drive a run (new or loaded) until it finishes or waits."""
+        executor = Executor(self.app, self.registry, worker=self.worker, on_events=on_events)
+        try:
+            return executor.drive(run)
+        finally:
+            executor.close()
+
+    def resume(self, run_id: str, *, on_events: EventHook | None = None) -> Run:
+        """Continue a recorded run that is not finished (e.g. after an approval)."""
+        run = self.get(run_id)
+        if run.is_finished:
+            raise RunStateError(f"run {run_id} already ended {run.status}")
+        return self.drive(run, on_events=on_events)
+
+    def get(self, run_id: str, version: int | None = None) -> Run:
+        """The run as recorded."""
+        return self.app.get_run(run_id, version)
+
+    def status(self, run_id: str) -> dict[str, Any]:
+        """The run's state as a JSON object."""
+        return run_summary(self.get(run_id))
+
+    def history(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's events in order."""
+        return self.app.history(run_id)
+
+    def list_runs(self, status: str | None = None,
+                  limit: int | None = None) -> list[dict[str, Any]]:
+        """Summaries of recorded runs, newest first."""
+        runs = []
+        for _, run_id in self.app.run_ids():
+            run = self.get(run_id)
+            if status is None or run.status == status:
+                runs.append(run_summary(run, steps=False))
+        runs.reverse()
+        return runs[:limit] if limit else runs
+
+    def decide(self, run_id: str, step_id: str, approved: bool, *, actor: str | None = None,
+               comment: str | None = None) -> Run:
+        """Record an approval decision on a waiting step."""
+        run = self.get(run_id)
+        approval = run.approvals.get(step_id)
+        if approval is None or approval["status"] != "requested":
+            raise RunStateError(f"step {step_id!r} of run {run_id} is not waiting for approval")
+        run.decide_approval(step_id, approved, actor or self.settings.actor, comment)
+        self.app.save_run(run)
+        return run
+
+
+def run_summary(run: Run, steps: bool = True) -> dict[str, Any]:
+    """A run as a JSON object: id, name, status, times, outputs, error, and its steps."""
+    out: dict[str, Any] = {
+        "run_id": run.run_id,
+        "name": run.name,
+        "version": run.version,
+        "status": run.status,
+        "actor": run.actor,
+        "definition_hash": run.definition_hash,
+        "started_at": run.started_at,
+        "finished_at": run.finished_at,
+        "outputs": run.outputs,
+        "error": run.error,
+        "failed_step": run.failed_step,
+    }
+    if run.pending_approvals:
+        out["waiting_for"] = run.pending_approvals
+    if steps:
+        out["inputs"] = run.inputs
+        out["steps"] = {
+            key: {k: s.get(k) for k in ("status", "attempt", "duration_ms", "output", "error",
+                                        "reason") if s.get(k) is not None}
+            for key, s in run.steps.items()
+        }
+        for step_id, approval in run.approvals.items():
+            out["steps"].setdefault(step_id, {"status": "pending"})["approval"] = approval
+    return out

@@ -1,0 +1,154 @@
+"""The event-sourced application: the store of runs, and the only caller of ``save()``.
+
+Built on ``eventsourcing.application.Application`` with the SQLite module by default and
+the PostgreSQL module when a database URL is configured. Driver errors are turned into
+:class:`StoreUnavailableError` where they enter, so users see one clear line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.application import AggregateNotFoundError, Application
+from eventsourcing.persistence import IntegrityError, PersistenceError
+
+from saga.config import Settings
+from saga.definition import Definition
+from saga.domain import Run
+from saga.errors import ConcurrentWriteError, RunNotFoundError, StoreUnavailableError
+
+_ENVELOPE = ("originator_id", "originator_version", "timestamp", "originator_topic")
+
+
+@contextlib.contextmanager
+def store_errors(where: str) -> Iterator[None]:
+    """Turn database driver errors into StoreUnavailableError (integrity errors pass)."""
+    try:
+        yield
+    except IntegrityError:
+        raise
+    except (PersistenceError, sqlite3.Error, OSError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise StoreUnavailableError(f"cannot reach the event store ({where}): {first}") from e
+
+
+class SagaApplication(Application):
+    """Runs, stored as event-sourced ``Run`` aggregates."""
+
+    name = "saga"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        env = settings.store_env()
+        if settings.snapshot_interval > 0:
+            # Snapshots keep loading a long run cheap; the library takes them inside save().
+            self.snapshotting_intervals = {Run: settings.snapshot_interval}
+            env["IS_SNAPSHOTTING_ENABLED"] = "y"
+        if not settings.is_postgres:
+            settings.home.mkdir(parents=True, exist_ok=True)
+        else:
+            _ensure_schema(settings)
+        with store_errors(settings.store_description):
+            super().__init__(env=env)
+
+    def start(self, definition: Definition, inputs: dict[str, Any], context: dict[str, Any],
+              options: dict[str, Any] | None = None) -> Run:
+        """A new run (not yet saved: the caller saves it with its first decisions)."""
+        data = definition.to_json()
+        return Run(definition=data, definition_hash=definition.digest(), inputs=inputs,
+                   context=context, options=options or {})
+
+    def get_run(self, run_id: str | UUID, version: int | None = None) -> Run:
+        """The run as recorded (at ``version`` if given)."""
+        try:
+            uid = run_id if isinstance(run_id, UUID) else UUID(str(run_id))
+        except ValueError:
+            raise RunNotFoundError(str(run_id)) from None
+        with store_errors("reading a run"):
+            try:
+                return self.repository.get(uid, version=version)
+            except AggregateNotFoundError:
+                raise RunNotFoundError(str(run_id)) from None
+
+    def save_run(self, run: Run) -> None:
+        """Append the run's pending events atomically; the version fence rejects a writer
+        that is behind."""
+        with store_errors("saving a run"):
+            try:
+                self.save(run)
+            except IntegrityError:
+                raise ConcurrentWriteError(run.run_id) from None
+
+    def history(self, run_id: str | UUID) -> list[dict[str, Any]]:
+        """Every event of a run, in order, as plain JSON objects."""
+        run = self.get_run(run_id)
+        with store_errors("reading history"):
+            return [event_json(e) for e in self.repository.event_store.get(run.id)]
+
+    def run_ids(self, start: int = 1) -> Iterator[tuple[int, str]]:
+        """(position, run id) of every run started at or after a log position, in order."""
+        with store_errors("listing runs"):
+            position = start
+            while True:
+                page = self.recorder.select_notifications(start=position, limit=500,
+                                                          topics=["saga.RunStarted"])
+                if not page:
+                    return
+                for n in page:
+                    yield n.id, str(n.originator_id)
+                position = page[-1].id + 1
+
+    def close(self) -> None:
+        """Release the store's connections."""
+        with contextlib.suppress(Exception):
+            super().close()
+
+
+def event_json(e: Any) -> dict[str, Any]:
+    """One event as ``{type, version, timestamp, step_id?, payload}``."""
+    payload = {k: v for k, v in e.__dict__.items() if k not in _ENVELOPE}
+    out: dict[str, Any] = {"type": type(e).__name__, "version": e.originator_version,
+                           "timestamp": _iso(e.timestamp)}
+    if "step_id" in payload:
+        out["step_id"] = payload["step_id"]
+    out["payload"] = payload
+    return out
+
+
+def _iso(value: datetime | Any) -> str:
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)
+
+
+def _ensure_schema(settings: Settings) -> None:
+    """Create the configured PostgreSQL schema (the library requires it to exist)."""
+    if not settings.schema and "schema=" not in (settings.database_url or ""):
+        return
+    env = settings.store_env()
+    schema = env.get("POSTGRES_SCHEMA")
+    if not schema:
+        return
+    try:
+        import psycopg
+        from psycopg import sql
+    except ImportError as e:
+        raise StoreUnavailableError("PostgreSQL needs psycopg: pip install 'saga[postgres]'") from e
+    try:
+        with psycopg.connect(host=env["POSTGRES_HOST"], port=int(env["POSTGRES_PORT"]),
+                             dbname=env["POSTGRES_DBNAME"], user=env["POSTGRES_USER"],
+                             password=env["POSTGRES_PASSWORD"] or None, connect_timeout=5,
+                             autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+    except psycopg.Error as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise StoreUnavailableError(
+            f"cannot reach the event store ({settings.store_description}): {first}") from e
+
+
+def open_app(settings: Settings) -> SagaApplication:
+    """Open the configured store."""
+    return SagaApplication(settings)

@@ -1,0 +1,326 @@
+"""The ``saga`` command line: thin click commands over :class:`saga.api.Saga`.
+
+Exit codes: 0 success (a run completed or is waiting for approval), 1 a run ended
+failed or compensated, 2 bad usage or an invalid definition or inputs, 3 the store cannot
+be reached, 4 an unknown run, 5 a concurrent writer won. Errors print one line on stderr;
+``--debug`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from saga.api import Saga, run_summary
+from saga.config import load_settings
+from saga.definition import coerce_text, parse_text
+from saga.domain import Run
+from saga.errors import DefinitionError, InputError, Problem, SagaError
+
+_STATUS_STYLE = {"completed": "green", "running": "cyan", "failed": "red", "skipped": "dim",
+                 "compensated": "magenta", "compensating": "magenta", "waiting": "yellow",
+                 "pending": "dim", "cancelled": "red"}
+
+
+def _handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        debug = click.get_current_context().find_root().params.get("debug", False)
+        try:
+            return func(*args, **kwargs)
+        except SagaError as e:
+            if debug:
+                raise
+            click.echo(f"error: {e}", err=True)
+            sys.exit(e.exit_code)
+        except Exception as e:  # the promise: one clear line, traceback only with --debug
+            if debug:
+                raise
+            click.echo(f"error: {type(e).__name__}: {e} (run with --debug for details)", err=True)
+            sys.exit(1)
+    return wrapper
+
+
+def _saga(tools: tuple[str, ...] = ()) -> Saga:
+    return Saga(load_settings(), tools=tools)
+
+
+def _emit_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, default=str, ensure_ascii=False))
+
+
+tools_option = click.option("--tools", "tools", multiple=True, metavar="MODULE",
+                            help="Import a Python module of tools (repeatable).")
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
+@click.version_option(package_name="saga")
+def main(debug: bool) -> None:
+    """saga: durable sagas on an event-sourced log."""
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@tools_option
+@json_option
+@_handle_errors
+def validate(file: str, tools: tuple[str, ...], as_json: bool) -> None:
+    """Check a composition; print its execution levels and critical path."""
+    saga = _saga(tools)
+    try:
+        plan = saga.load(file)
+    except DefinitionError as e:
+        if not as_json:
+            raise
+        _emit_json({"valid": False, "problems": [p.to_json() for p in e.problems]})
+        sys.exit(e.exit_code)
+    levels, critical = plan.levels(), plan.critical_path()
+    if as_json:
+        _emit_json({"valid": True, "name": plan.definition.name, "levels": levels,
+                    "critical_path": critical, "steps": len(plan.order)})
+        return
+    click.echo(f"{file}: valid ({len(plan.order)} steps)")
+    for i, level in enumerate(levels, 1):
+        click.echo(f"  level {i}: {', '.join(level)}")
+    click.echo(f"  critical path: {' -> '.join(critical)}")
+
+
+def _parse_inputs(pairs: tuple[str, ...], inputs_file: str | None,
+                  plan_inputs: dict[str, Any]) -> dict[str, Any]:
+    given: dict[str, Any] = {}
+    if inputs_file:
+        try:
+            data = parse_text(Path(inputs_file).read_text(encoding="utf-8"), inputs_file)
+        except OSError as e:
+            raise InputError([Problem("--inputs-file", f"cannot read: {e.strerror}")]) from e
+        except DefinitionError as e:
+            raise InputError([Problem("--inputs-file", "must be a JSON/YAML mapping")]) from e
+        given.update(data)
+    for pair in pairs:
+        if "=" not in pair:
+            raise InputError([Problem("--input", f"{pair!r} is not KEY=VALUE")])
+        key, value = pair.split("=", 1)
+        given[key] = coerce_text(plan_inputs.get(key), value)
+    return given
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--input", "-i", "pairs", multiple=True, metavar="KEY=VALUE",
+              help="An input value (repeatable); typed by the input's declared type.")
+@click.option("--inputs-file", type=click.Path(dir_okay=False), help="Inputs as JSON/YAML.")
+@click.option("--actor", help="Who is running this (default: SAGA_ACTOR or the OS user).")
+@tools_option
+@json_option
+@_handle_errors
+def run(file: str, pairs: tuple[str, ...], inputs_file: str | None, actor: str | None,
+        tools: tuple[str, ...], as_json: bool) -> None:
+    """Start a run of FILE and drive it here until it finishes (or waits for approval)."""
+    saga = _saga(tools)
+    plan = saga.load(file)
+    inputs = _parse_inputs(pairs, inputs_file, {s.name: s for s in plan.definition.inputs})
+    with _Progress(enabled=not as_json) as progress:
+        result = saga.run(plan, inputs, actor=actor, on_events=progress.update)
+    _finish(result, as_json)
+
+
+@main.command()
+@click.argument("run_id")
+@tools_option
+@json_option
+@_handle_errors
+def resume(run_id: str, tools: tuple[str, ...], as_json: bool) -> None:
+    """Continue an unfinished run here (after an approval, or when it was interrupted)."""
+    saga = _saga(tools)
+    with _Progress(enabled=not as_json) as progress:
+        result = saga.resume(run_id, on_events=progress.update)
+    _finish(result, as_json)
+
+
+def _finish(run: Run, as_json: bool) -> None:
+    summary = run_summary(run)
+    if as_json:
+        _emit_json(summary)
+    else:
+        _print_summary(summary)
+    sys.exit(1 if run.status in ("failed", "compensated", "cancelled") else 0)
+
+
+@main.command()
+@click.argument("run_id")
+@json_option
+@_handle_errors
+def status(run_id: str, as_json: bool) -> None:
+    """Show a run's status and its steps (read from the run's own history)."""
+    summary = _saga().status(run_id)
+    if as_json:
+        _emit_json(summary)
+    else:
+        _print_summary(summary)
+
+
+@main.command(name="list")
+@click.option("--status", "status_filter", help="Only runs with this status.")
+@click.option("--limit", type=int, default=50, show_default=True)
+@json_option
+@_handle_errors
+def list_runs(status_filter: str | None, limit: int, as_json: bool) -> None:
+    """List runs, newest first."""
+    runs = _saga().list_runs(status_filter, limit)
+    if as_json:
+        _emit_json(runs)
+        return
+    if not runs:
+        click.echo("no runs")
+    for r in runs:
+        click.echo(f"{r['run_id']}  {r['status']:<12} {r['name']:<30} {r['started_at']}")
+
+
+@main.command()
+@click.argument("run_id")
+@json_option
+@_handle_errors
+def history(run_id: str, as_json: bool) -> None:
+    """Print every event of a run, in order."""
+    events = _saga().history(run_id)
+    if as_json:
+        _emit_json(events)
+        return
+    for e in events:
+        detail = _event_detail(e)
+        click.echo(f"{e['version']:>4}  {e['timestamp']}  {e['type']:<20} {detail}")
+
+
+def _event_detail(e: dict[str, Any]) -> str:
+    p = e["payload"]
+    parts = []
+    if "step_id" in p:
+        parts.append(p["step_id"] + (f"[{p['iteration']}]" if p.get("iteration") else ""))
+    for key in ("attempt", "reason", "error_type", "message", "steps", "comment", "actor"):
+        if p.get(key) not in (None, "", []):
+            parts.append(f"{key}={p[key]}")
+    if e["type"] == "RunStarted":
+        parts.append(f"{p['definition'].get('name')} by {p['context'].get('actor')}")
+    if "output" in p and e["type"] == "StepCompleted":
+        parts.append(f"output={json.dumps(p['output'], default=str)[:80]}")
+    return " ".join(str(x) for x in parts)
+
+
+def _decide(run_id: str, step_id: str, approved: bool, comment: str | None,
+            actor: str | None) -> None:
+    run = _saga().decide(run_id, step_id, approved, actor=actor, comment=comment)
+    verb = "approved" if approved else "rejected"
+    click.echo(f"{step_id} {verb} on run {run.run_id}; continue it with: saga resume {run.run_id}")
+
+
+@main.command()
+@click.argument("run_id")
+@click.argument("step_id")
+@click.option("--comment")
+@click.option("--actor")
+@_handle_errors
+def approve(run_id: str, step_id: str, comment: str | None, actor: str | None) -> None:
+    """Approve a step that waits for confirmation."""
+    _decide(run_id, step_id, True, comment, actor)
+
+
+@main.command()
+@click.argument("run_id")
+@click.argument("step_id")
+@click.option("--comment")
+@click.option("--actor")
+@_handle_errors
+def reject(run_id: str, step_id: str, comment: str | None, actor: str | None) -> None:
+    """Reject a step that waits for confirmation (it fails and follows its on_error)."""
+    _decide(run_id, step_id, False, comment, actor)
+
+
+@main.command()
+@tools_option
+@json_option
+@_handle_errors
+def tools(tools: tuple[str, ...], as_json: bool) -> None:
+    """List the available tools."""
+    registry = _saga(tools).registry
+    rows = [{"name": t.name, "source": t.source, "description": t.description,
+             "compensation": t.compensate is not None} for t in registry]
+    if as_json:
+        _emit_json(rows)
+        return
+    for row in rows:
+        click.echo(f"{row['name']:<24} {row['source']:<28} {row['description']}")
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    style = _STATUS_STYLE.get(summary["status"], "")
+    console.print(f"run {summary['run_id']} ({summary['name']}): [{style}]{summary['status']}[/]")
+    table = Table(show_header=True, header_style="bold", box=None)
+    for column in ("step", "status", "attempts", "ms", "detail"):
+        table.add_column(column)
+    for key, s in summary.get("steps", {}).items():
+        detail = (s.get("error") or {}).get("message") or s.get("reason") or ""
+        if s.get("approval", {}).get("status") == "requested":
+            detail = f"waiting for approval: {s['approval']['message']}"
+        st = s.get("status", "")
+        table.add_row(key, f"[{_STATUS_STYLE.get(st, '')}]{st}[/]", str(s.get("attempt", "")),
+                      str(s.get("duration_ms", "") or ""), str(detail))
+    console.print(table)
+    if summary.get("error"):
+        console.print(f"error: {summary['error'].get('message', summary['error'])}")
+    if summary.get("outputs") is not None and summary["status"] == "completed":
+        console.print("outputs: " + json.dumps(summary["outputs"], default=str,
+                                               ensure_ascii=False))
+    if summary.get("waiting_for"):
+        for step in summary["waiting_for"]:
+            console.print(f"waiting: saga approve {summary['run_id']} {step}")
+
+
+class _Progress:
+    """Live progress on a terminal; silent otherwise (the summary follows either way)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled and sys.stdout.isatty()
+        self._live: Any = None
+
+    def __enter__(self) -> _Progress:
+        if self.enabled:
+            from rich.live import Live
+
+            self._live = Live(refresh_per_second=8, transient=True)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.__exit__(None, None, None)
+
+    def update(self, run: Run, events: list[Any]) -> None:
+        """Redraw the step table after each commit."""
+        if self._live is None:
+            return
+        from rich.table import Table
+
+        table = Table(title=f"{run.name} — {run.status}", box=None)
+        table.add_column("step")
+        table.add_column("status")
+        table.add_column("attempt")
+        for key, s in run.steps.items():
+            st = s["status"]
+            table.add_row(key, f"[{_STATUS_STYLE.get(st, '')}]{st}[/]", str(s["attempt"]))
+        self._live.update(table)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

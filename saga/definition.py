@@ -1,0 +1,337 @@
+"""What users write: pydantic models of a composition, and loading it from YAML or JSON.
+
+The step-list form is accepted exactly as users' documents write it (JSON with
+``parameters``/``output_key``/``depends_on``; YAML with ``args``/``output``/``condition``),
+and normalised to one canonical shape that is recorded in ``RunStarted``. Unknown keys are
+errors, so a typo never passes silently. Every problem is collected and raised at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from saga.errors import DefinitionError, InputError, Problem
+
+InputType = Literal["string", "integer", "number", "boolean", "array", "object", "any"]
+FailureStrategy = Literal["fail_fast", "partial_success", "rollback", "retry"]
+_ON_ERROR = re.compile(r"^(fail|continue|compensate|retry:\d+)$")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+class InputSpec(_Model):
+    """One declared input: its type and the constraints a value must meet."""
+
+    name: str
+    type: InputType = "string"
+    required: bool = False
+    default: Any = None
+    description: str | None = None
+    enum: list[Any] | None = None
+    pattern: str | None = None
+    max_length: int | None = Field(default=None, ge=0)
+    min_length: int | None = Field(default=None, ge=0)
+    minimum: float | None = None
+    maximum: float | None = None
+    secret: bool = False
+
+    @field_validator("pattern")
+    @classmethod
+    def _pattern_compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as e:
+                raise ValueError(f"pattern does not compile: {e}") from e
+        return value
+
+    @model_validator(mode="after")
+    def _default_fits(self) -> InputSpec:
+        if self.default is not None:
+            problems = check_value(self, self.default)
+            if problems:
+                raise ValueError(f"default {self.default!r} is invalid: {problems[0]}")
+        return self
+
+
+class RetryPolicy(_Model):
+    """How a failed attempt is retried: count, backoff, jitter and which errors qualify."""
+
+    max_attempts: int = Field(default=3, ge=1, le=100)
+    backoff: Literal["exponential", "fixed", "linear"] = "exponential"
+    delay: float = Field(default=0.2, ge=0, description="first wait, seconds")
+    multiplier: float = Field(default=2.0, ge=1)
+    max_delay: float = Field(default=30.0, ge=0)
+    jitter: float = Field(default=0.1, ge=0, description="up to this many seconds added")
+    retry_on: list[str] | None = None
+    non_retryable: list[str] = Field(default_factory=list)
+
+
+class ToolCall(_Model):
+    """A tool and its (templated) parameters; the shape of a step's compensation."""
+
+    tool: str
+    parameters: dict[str, Any] = Field(default_factory=dict, alias="args")
+    timeout_ms: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_name(cls, data: Any) -> Any:
+        return {"tool": data} if isinstance(data, str) else data
+
+
+class Step(_Model):
+    """One step of the step-list form: a tool call or a compute block, and its policies."""
+
+    id: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_\-]*$")
+    description: str | None = None
+    tool: str | None = None
+    compute: str | None = None
+    parameters: dict[str, Any] = Field(default_factory=dict, alias="args")
+    depends_on: list[str] | None = None
+    output_key: str | None = Field(default=None, alias="output")
+    condition: str | None = Field(default=None, alias="when")
+    timeout_ms: int | None = Field(default=None, gt=0)
+    timeout: float | None = Field(default=None, gt=0, description="seconds")
+    retry_count: int | None = Field(default=None, ge=0, le=100)
+    retry: RetryPolicy | None = None
+    on_error: str = "fail"
+    compensate: ToolCall | None = None
+    idempotent: bool = False
+    parallel_group: str | int | None = None
+    confirm: bool | str | None = None
+
+    @field_validator("on_error")
+    @classmethod
+    def _on_error_form(cls, value: str) -> str:
+        if not _ON_ERROR.match(value):
+            raise ValueError("must be fail, continue, compensate or retry:N")
+        return value
+
+    @model_validator(mode="after")
+    def _one_action(self) -> Step:
+        if (self.tool is None) == (self.compute is None):
+            raise ValueError("a step needs exactly one of 'tool' or 'compute'")
+        if self.compute is not None and self.parameters:
+            raise ValueError("a compute step takes no parameters")
+        return self
+
+    @property
+    def key(self) -> str:
+        """The name this step's output is visible under: its output key, else its id."""
+        return self.output_key or self.id
+
+    @property
+    def timeout_seconds(self) -> float | None:
+        """The per-attempt timeout in seconds, from ``timeout_ms`` or ``timeout``."""
+        if self.timeout_ms is not None:
+            return self.timeout_ms / 1000
+        return self.timeout
+
+
+class ErrorHandling(_Model):
+    """What the run does when a step fails for good."""
+
+    max_retries: int = Field(default=0, ge=0, le=100)
+    rollback_on_failure: bool = True
+    failure_strategy: FailureStrategy = "fail_fast"
+
+
+class Confirmation(_Model):
+    """A confirmation asked before a step runs (seed 002's ``confirmations`` list)."""
+
+    step: str
+    message: str | None = None
+    default: bool = True
+
+
+class Definition(_Model):
+    """A composition in the step-list form."""
+
+    name: str = Field(min_length=1)
+    version: str = "1"
+    description: str | None = None
+    author: str | None = None
+    inputs: list[InputSpec] = Field(default_factory=list)
+    steps: list[Step] = Field(min_length=1)
+    outputs: dict[str, Any] | None = None
+    error_handling: ErrorHandling = Field(default_factory=ErrorHandling)
+    max_concurrency: int = Field(default=8, ge=1, le=1024)
+    confirmations: list[Confirmation] = Field(default_factory=list)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version_text(cls, value: Any) -> Any:
+        return str(value) if isinstance(value, int | float) else value
+
+    @field_validator("inputs", mode="before")
+    @classmethod
+    def _inputs_mapping(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return [
+                {"name": name, **spec} if isinstance(spec, dict) else {"name": name, "type": spec}
+                for name, spec in value.items()
+            ]
+        return value
+
+    @property
+    def explicit_graph(self) -> bool:
+        """True once any step declares ``depends_on`` (even ``[]``): then order is the graph."""
+        return any(step.depends_on is not None for step in self.steps)
+
+    def step(self, step_id: str) -> Step:
+        """The step with this id."""
+        for step in self.steps:
+            if step.id == step_id:
+                return step
+        raise KeyError(step_id)
+
+    def to_json(self) -> dict[str, Any]:
+        """The normalised definition as plain JSON (canonical field names, no defaults)."""
+        return self.model_dump(mode="json", exclude_defaults=True)
+
+    def digest(self) -> str:
+        """sha256 of the canonical JSON of the normalised definition."""
+        return definition_hash(self.to_json())
+
+
+def definition_hash(data: dict[str, Any]) -> str:
+    """sha256 hex digest of canonical JSON (sorted keys, no whitespace)."""
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def parse_text(text: str, source: str = "<text>") -> dict[str, Any]:
+    """Parse YAML or JSON text (JSON is YAML) into a mapping, or raise DefinitionError."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else ""
+        raise DefinitionError([Problem(where, f"not valid YAML/JSON: {e}")], source) from e
+    if not isinstance(data, dict):
+        raise DefinitionError([Problem("", "a composition must be a mapping")], source)
+    return data
+
+
+def load_file(path: str | Path) -> dict[str, Any]:
+    """Read a composition file (``.yaml``, ``.yml`` or ``.json``) into raw data."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise DefinitionError([Problem("", f"cannot read file: {e.strerror}")], str(path)) from e
+    return parse_text(text, str(path))
+
+
+def build(data: dict[str, Any], source: str | None = None) -> tuple[Definition | None,
+                                                                    list[Problem]]:
+    """Validate raw data into a Definition; return it (or None) with every model problem."""
+    try:
+        return Definition.model_validate(data), []
+    except ValidationError as e:
+        return None, [_problem(err) for err in e.errors()]
+
+
+def _problem(err: Any) -> Problem:
+    path = ""
+    for part in err["loc"]:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part not in ("function-after[_one_action(), Step]",):
+            path += f".{part}" if path else str(part)
+    message = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        message = "unknown key (not part of the composition language)"
+    return Problem(path, message)
+
+
+_PY_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list,),
+    "object": (dict,),
+}
+
+
+def check_value(spec: InputSpec, value: Any) -> list[str]:
+    """Problems with one input value against its spec (empty when it fits)."""
+    if spec.type != "any":
+        types = _PY_TYPES[spec.type]
+        if isinstance(value, bool) and bool not in types:
+            return [f"expected {spec.type}, got boolean"]
+        if not isinstance(value, types):
+            return [f"expected {spec.type}, got {type(value).__name__}"]
+    problems = []
+    if spec.enum is not None and value not in spec.enum:
+        problems.append(f"must be one of {spec.enum}")
+    if isinstance(value, str):
+        if spec.pattern is not None and not re.search(spec.pattern, value):
+            problems.append(f"does not match pattern {spec.pattern!r}")
+        if spec.max_length is not None and len(value) > spec.max_length:
+            problems.append(f"is longer than {spec.max_length} characters")
+        if spec.min_length is not None and len(value) < spec.min_length:
+            problems.append(f"is shorter than {spec.min_length} characters")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if spec.minimum is not None and value < spec.minimum:
+            problems.append(f"is less than {spec.minimum}")
+        if spec.maximum is not None and value > spec.maximum:
+            problems.append(f"is greater than {spec.maximum}")
+    return problems
+
+
+def coerce_text(spec: InputSpec | None, text: str) -> Any:
+    """Turn a command-line ``KEY=VALUE`` string into the input's declared type."""
+    kind = spec.type if spec else "any"
+    if kind == "string":
+        return text
+    if kind == "boolean" and text.lower() in ("true", "yes", "1", "false", "no", "0"):
+        return text.lower() in ("true", "yes", "1")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def resolve_inputs(definition: Definition, given: dict[str, Any]) -> dict[str, Any]:
+    """Apply defaults and check every given input; raise InputError listing all problems.
+
+    A composition that declares no inputs accepts any (seed 001 declares none but reads
+    ``input.query``); one that declares inputs rejects unknown names, so typos surface.
+    """
+    if not definition.inputs:
+        return dict(given)
+    specs = {spec.name: spec for spec in definition.inputs}
+    problems = [Problem(f"inputs.{name}", "unknown input") for name in given if name not in specs]
+    resolved: dict[str, Any] = {}
+    for name, spec in specs.items():
+        if name in given:
+            value = given[name]
+            problems += [Problem(f"inputs.{name}", msg) for msg in check_value(spec, value)]
+            resolved[name] = value
+        elif spec.required:
+            problems.append(Problem(f"inputs.{name}", "is required"))
+        else:
+            resolved[name] = spec.default
+    if problems:
+        raise InputError(problems)
+    return resolved

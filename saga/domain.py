@@ -1,0 +1,399 @@
+"""The ``Run`` aggregate: one run of a composition, as a fold over its events.
+
+Every decision and result of a run is one of the past-tense events below; the state
+(status of the run and of each step, outputs, attempts, compensation progress) is built
+from them and nothing else. Payloads are plain JSON values so SQL and other languages can
+read the log. Event handlers only change state: no clock, no I/O, no randomness (the
+library stamps each event with its ``timestamp`` when it is triggered, and the fold reads
+it from there).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.domain import Aggregate, event
+
+RUN_STATUSES = ("running", "waiting", "completed", "failed", "compensating", "compensated",
+                "cancelled")
+TERMINAL = frozenset({"completed", "failed", "compensated", "cancelled"})
+STEP_STATUSES = ("pending", "running", "completed", "failed", "skipped", "compensated")
+
+
+def step_key(step_id: str, iteration: int = 0) -> str:
+    """The key of one execution of a step in the run's state."""
+    return step_id if iteration == 0 else f"{step_id}[{iteration}]"
+
+
+def idempotency_key(run_id: str, step_id: str, iteration: int = 0) -> str:
+    """The stable key a tool sees on every attempt and re-execution of one step."""
+    return f"{run_id}:{step_id}:{iteration}"
+
+
+def _iso(value: Any) -> str:
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)
+
+
+def _ms_between(start: str | None, end: str) -> int | None:
+    from datetime import datetime
+
+    if start is None:
+        return None
+    delta = datetime.fromisoformat(end) - datetime.fromisoformat(start)
+    return round(delta.total_seconds() * 1000)
+
+
+class Run(Aggregate):
+    """One run of a composition: the event-sourced unit of consistency (one writer)."""
+
+    TOPIC = "saga.Run"
+
+    class Event(Aggregate.Event):
+        """Base of every run event."""
+
+        def apply(self, aggregate: Any) -> None:  # pragma: no cover - overridden
+            """Change the run's state to reflect this event."""
+
+    class Created(Event, Aggregate.Created):
+        TOPIC = "saga.Run.Created"
+
+    class RunStarted(Created):
+        """The run was accepted: its definition (normalised), inputs, context and options."""
+
+        TOPIC = "saga.RunStarted"
+        definition: dict[str, Any]
+        definition_hash: str
+        inputs: dict[str, Any]
+        context: dict[str, Any]
+        options: dict[str, Any]
+
+    @event(RunStarted)
+    def __init__(self, definition: dict[str, Any], definition_hash: str,
+                 inputs: dict[str, Any], context: dict[str, Any], options: dict[str, Any]) -> None:
+        self.definition = definition
+        self.definition_hash = definition_hash
+        self.inputs = inputs
+        self.context = context
+        self.options = options
+        self.status = "running"
+        self.steps: dict[str, dict[str, Any]] = {}
+        self.completion_order: list[str] = []
+        self.compensation: dict[str, Any] | None = None
+        self.approvals: dict[str, dict[str, Any]] = {}
+        self.outputs: Any = None
+        self.error: dict[str, Any] | None = None
+        self.failed_step: str | None = None
+        self.started_at = _iso(self.created_on)
+        self.finished_at: str | None = None
+        self.actor: str | None = context.get("actor")
+
+    @property
+    def run_id(self) -> str:
+        """The run's id as text."""
+        return str(self.id)
+
+    @property
+    def name(self) -> str:
+        """The composition's name."""
+        return str(self.definition.get("name", ""))
+
+    @property
+    def is_finished(self) -> bool:
+        """True once the run reached a terminal status."""
+        return self.status in TERMINAL
+
+    def step(self, key: str) -> dict[str, Any]:
+        """The state of one step execution (status ``pending`` if nothing happened yet)."""
+        return self.steps.get(key) or {"status": "pending", "attempt": 0}
+
+    def _step(self, step_id: str, iteration: int) -> dict[str, Any]:
+        key = step_key(step_id, iteration)
+        if key not in self.steps:
+            self.steps[key] = {"step_id": step_id, "iteration": iteration, "status": "pending",
+                               "attempt": 0, "output": None, "error": None, "retry_at": None,
+                               "started_at": None, "finished_at": None, "duration_ms": None}
+        return self.steps[key]
+
+    # -- step events -------------------------------------------------------------------
+
+    class StepStarted(Event):
+        """An attempt of a step began; durable before the tool is called."""
+
+        TOPIC = "saga.StepStarted"
+        step_id: str
+        iteration: int
+        attempt: int
+        parameters: Any
+        idempotency_key: str
+        worker: str | None
+
+        def apply(self, aggregate: Any) -> None:
+            s = aggregate._step(self.step_id, self.iteration)
+            s.update(status="running", attempt=self.attempt, parameters=self.parameters,
+                     idempotency_key=self.idempotency_key, worker=self.worker, retry_at=None,
+                     error=None)
+            s["started_at"] = s["started_at"] or _iso(self.timestamp)
+            s["attempt_started_at"] = _iso(self.timestamp)
+
+    class StepCompleted(Event):
+        """An attempt succeeded; its output exists only once this event is durable."""
+
+        TOPIC = "saga.StepCompleted"
+        step_id: str
+        iteration: int
+        attempt: int
+        output: Any
+        duration_ms: int
+
+        def apply(self, aggregate: Any) -> None:
+            s = aggregate._step(self.step_id, self.iteration)
+            s.update(status="completed", output=self.output, finished_at=_iso(self.timestamp),
+                     error=None, retry_at=None)
+            s["duration_ms"] = _ms_between(s["started_at"], s["finished_at"])
+            aggregate.completion_order.append(step_key(self.step_id, self.iteration))
+
+    class StepFailed(Event):
+        """An attempt (or the step, before any attempt) failed; says whether it will retry."""
+
+        TOPIC = "saga.StepFailed"
+        step_id: str
+        iteration: int
+        attempt: int
+        error_type: str
+        message: str
+        retryable: bool
+        next_retry_at: str | None
+
+        def apply(self, aggregate: Any) -> None:
+            s = aggregate._step(self.step_id, self.iteration)
+            s.update(status="failed", attempt=self.attempt, retry_at=self.next_retry_at,
+                     error={"type": self.error_type, "message": self.message},
+                     finished_at=_iso(self.timestamp), retryable=self.retryable)
+            s["duration_ms"] = _ms_between(s["started_at"], s["finished_at"])
+
+    class StepSkipped(Event):
+        """A step did not run: its condition was false, or what it needs did not happen."""
+
+        TOPIC = "saga.StepSkipped"
+        step_id: str
+        iteration: int
+        reason: str
+
+        def apply(self, aggregate: Any) -> None:
+            s = aggregate._step(self.step_id, self.iteration)
+            s.update(status="skipped", reason=self.reason, finished_at=_iso(self.timestamp))
+
+    # -- approvals ---------------------------------------------------------------------
+
+    class ApprovalRequested(Event):
+        """A step waits for a person's decision before it runs."""
+
+        TOPIC = "saga.ApprovalRequested"
+        step_id: str
+        message: str
+
+        def apply(self, aggregate: Any) -> None:
+            aggregate.approvals[self.step_id] = {"status": "requested", "message": self.message,
+                                                 "requested_at": _iso(self.timestamp)}
+            aggregate.status = "waiting"
+
+    class ApprovalGranted(Event):
+        """Someone approved a waiting step."""
+
+        TOPIC = "saga.ApprovalGranted"
+        step_id: str
+        actor: str
+        comment: str | None
+
+        def apply(self, aggregate: Any) -> None:
+            aggregate.approvals[self.step_id].update(status="granted", actor=self.actor,
+                                                     comment=self.comment)
+            aggregate._settle_waiting()
+
+    class ApprovalRejected(Event):
+        """Someone rejected a waiting step; the step fails and follows its on_error."""
+
+        TOPIC = "saga.ApprovalRejected"
+        step_id: str
+        actor: str
+        comment: str | None
+
+        def apply(self, aggregate: Any) -> None:
+            aggregate.approvals[self.step_id].update(status="rejected", actor=self.actor,
+                                                     comment=self.comment)
+            aggregate._settle_waiting()
+
+    # -- compensation ------------------------------------------------------------------
+
+    class CompensationStarted(Event):
+        """Rollback began: the completed steps to undo, in the order they will be undone."""
+
+        TOPIC = "saga.CompensationStarted"
+        reason: str
+        steps: list[str]
+
+        def apply(self, aggregate: Any) -> None:
+            aggregate.compensation = {"reason": self.reason, "steps": list(self.steps),
+                                      "done": {}}
+            aggregate.status = "compensating"
+
+    class StepCompensated(Event):
+        """A completed step's compensation ran."""
+
+        TOPIC = "saga.StepCompensated"
+        step_id: str
+        iteration: int
+        output: Any
+
+        def apply(self, aggregate: Any) -> None:
+            key = step_key(self.step_id, self.iteration)
+            aggregate.compensation["done"][key] = "compensated"
+            aggregate.steps[key].update(status="compensated", compensation_output=self.output,
+                                        compensated_at=_iso(self.timestamp))
+
+    class CompensationFailed(Event):
+        """A completed step's compensation failed; the remaining ones still run."""
+
+        TOPIC = "saga.CompensationFailed"
+        step_id: str
+        iteration: int
+        error_type: str
+        message: str
+
+        def apply(self, aggregate: Any) -> None:
+            key = step_key(self.step_id, self.iteration)
+            aggregate.compensation["done"][key] = "failed"
+            aggregate.steps[key]["compensation_error"] = {"type": self.error_type,
+                                                          "message": self.message}
+
+    # -- run outcomes ------------------------------------------------------------------
+
+    class RunCompleted(Event):
+        """Every step finished and the outputs were built."""
+
+        TOPIC = "saga.RunCompleted"
+        outputs: Any
+
+        def apply(self, aggregate: Any) -> None:
+            aggregate._finish("completed", self)
+            aggregate.outputs = self.outputs
+
+    class RunFailed(Event):
+        """The run ended with a failure it did not (or could not fully) undo."""
+
+        TOPIC = "saga.RunFailed"
+        error: dict[str, Any]
+        failed_step: str | None
+        outputs: Any
+
+        def apply(self, aggregate: Any) -> None:
+            aggregate._finish("failed", self)
+            aggregate.error, aggregate.failed_step = self.error, self.failed_step
+            aggregate.outputs = self.outputs
+
+    class RunCompensated(Event):
+        """The run failed and every compensation it owed ran."""
+
+        TOPIC = "saga.RunCompensated"
+        error: dict[str, Any]
+        failed_step: str | None
+        outputs: Any
+
+        def apply(self, aggregate: Any) -> None:
+            aggregate._finish("compensated", self)
+            aggregate.error, aggregate.failed_step = self.error, self.failed_step
+            aggregate.outputs = self.outputs
+
+    class RunCancelled(Event):
+        """Someone cancelled the run."""
+
+        TOPIC = "saga.RunCancelled"
+        actor: str
+        reason: str | None
+
+        def apply(self, aggregate: Any) -> None:
+            aggregate._finish("cancelled", self)
+            aggregate.error = {"type": "cancelled", "message": self.reason or "cancelled"}
+
+    def _settle_waiting(self) -> None:
+        if self.status == "waiting" and not self.pending_approvals:
+            self.status = "running"
+
+    @property
+    def pending_approvals(self) -> list[str]:
+        """Steps waiting for an approval decision."""
+        return [k for k, v in self.approvals.items() if v["status"] == "requested"]
+
+    def _finish(self, status: str, e: Any) -> None:
+        self.status = status
+        self.finished_at = _iso(e.timestamp)
+
+    # -- commands (each triggers exactly one event) ------------------------------------
+
+    def start_step(self, step_id: str, iteration: int, attempt: int, parameters: Any,
+                   worker: str | None = None) -> None:
+        """Record that an attempt is about to run."""
+        self.trigger_event(self.StepStarted, step_id=step_id, iteration=iteration,
+                           attempt=attempt, parameters=parameters, worker=worker,
+                           idempotency_key=idempotency_key(self.run_id, step_id, iteration))
+
+    def complete_step(self, step_id: str, iteration: int, attempt: int, output: Any,
+                      duration_ms: int) -> None:
+        """Record an attempt's output."""
+        self.trigger_event(self.StepCompleted, step_id=step_id, iteration=iteration,
+                           attempt=attempt, output=output, duration_ms=duration_ms)
+
+    def fail_step(self, step_id: str, iteration: int, attempt: int, error_type: str,
+                  message: str, retryable: bool = False, next_retry_at: str | None = None) -> None:
+        """Record a failed attempt, and when it will be retried (if it will)."""
+        self.trigger_event(self.StepFailed, step_id=step_id, iteration=iteration,
+                           attempt=attempt, error_type=error_type, message=message,
+                           retryable=retryable, next_retry_at=next_retry_at)
+
+    def skip_step(self, step_id: str, iteration: int, reason: str) -> None:
+        """Record that a step will not run, and why."""
+        self.trigger_event(self.StepSkipped, step_id=step_id, iteration=iteration, reason=reason)
+
+    def request_approval(self, step_id: str, message: str) -> None:
+        """Record that a step waits for a decision."""
+        self.trigger_event(self.ApprovalRequested, step_id=step_id, message=message)
+
+    def decide_approval(self, step_id: str, approved: bool, actor: str,
+                        comment: str | None = None) -> None:
+        """Record a person's decision on a waiting step."""
+        cls = self.ApprovalGranted if approved else self.ApprovalRejected
+        self.trigger_event(cls, step_id=step_id, actor=actor, comment=comment)
+
+    def start_compensation(self, reason: str, steps: list[str]) -> None:
+        """Record the start of rollback and its order."""
+        self.trigger_event(self.CompensationStarted, reason=reason, steps=steps)
+
+    def compensated(self, step_id: str, iteration: int, output: Any) -> None:
+        """Record a successful compensation."""
+        self.trigger_event(self.StepCompensated, step_id=step_id, iteration=iteration,
+                           output=output)
+
+    def compensation_failed(self, step_id: str, iteration: int, error_type: str,
+                            message: str) -> None:
+        """Record a failed compensation."""
+        self.trigger_event(self.CompensationFailed, step_id=step_id, iteration=iteration,
+                           error_type=error_type, message=message)
+
+    def finish(self, status: str, outputs: Any = None, error: dict[str, Any] | None = None,
+               failed_step: str | None = None) -> None:
+        """Record the run's outcome: completed, failed or compensated."""
+        if status == "completed":
+            self.trigger_event(self.RunCompleted, outputs=outputs)
+        else:
+            cls = self.RunCompensated if status == "compensated" else self.RunFailed
+            self.trigger_event(cls, error=error or {}, failed_step=failed_step, outputs=outputs)
+
+    def cancel(self, actor: str, reason: str | None = None) -> None:
+        """Record that the run was cancelled."""
+        self.trigger_event(self.RunCancelled, actor=actor, reason=reason)
+
+
+def run_id_of(value: str | UUID) -> UUID:
+    """Parse a run id given as text."""
+    return value if isinstance(value, UUID) else UUID(str(value))

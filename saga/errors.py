@@ -1,0 +1,130 @@
+"""Every error saga raises, rooted in :class:`SagaError`, each with its CLI exit code.
+
+Exit codes: 1 a run ended badly or a generic failure, 2 bad usage or bad input
+(definitions, inputs, configuration), 3 the store cannot be reached, 4 an unknown run,
+5 a concurrent writer won the race.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+class SagaError(Exception):
+    """Base of every error saga raises on purpose."""
+
+    exit_code: int = 1
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a definition: where (a dotted/indexed path) and what."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+    def to_json(self) -> dict[str, str]:
+        """The problem as a plain JSON object."""
+        return {"path": self.path, "message": self.message}
+
+
+class DefinitionError(SagaError):
+    """Raised when a composition is invalid; carries every problem found, not just the first."""
+
+    exit_code = 2
+
+    def __init__(self, problems: list[Problem], source: str | None = None) -> None:
+        self.problems = list(problems)
+        self.source = source
+        where = f"{source} " if source else ""
+        n = len(self.problems)
+        summary = f"{where}is invalid for {n} reason{'s' if n != 1 else ''}"
+        detail = "; ".join(str(p) for p in self.problems)
+        super().__init__(f"{summary}: {detail}")
+
+
+class InputError(SagaError):
+    """Raised when run inputs do not match the composition's input schema."""
+
+    exit_code = 2
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = list(problems)
+        super().__init__("invalid inputs: " + "; ".join(str(p) for p in self.problems))
+
+
+class ExpressionError(SagaError):
+    """Raised when a template, condition or compute block cannot be parsed, is refused by
+    the sandbox, or fails while being evaluated."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, expression: str | None = None) -> None:
+        self.expression = expression
+        super().__init__(message)
+
+
+class ConfigError(SagaError):
+    """Raised when configuration (environment, saga.toml, --tools modules) is unusable."""
+
+    exit_code = 2
+
+
+class ToolError(SagaError):
+    """Raised by a tool to fail a step with a typed, readable error."""
+
+    def __init__(self, message: str, *, error_type: str = "ToolError",
+                 retryable: bool = True, details: Any = None) -> None:
+        self.error_type = error_type
+        self.retryable = retryable
+        self.details = details
+        super().__init__(message)
+
+
+class UnknownToolError(SagaError):
+    """Raised when a definition or a call names a tool that is not registered."""
+
+    exit_code = 2
+
+
+class StoreUnavailableError(SagaError):
+    """Raised when the event store cannot be opened or reached."""
+
+    exit_code = 3
+
+
+class RunNotFoundError(SagaError):
+    """Raised when a run id does not name a recorded run."""
+
+    exit_code = 4
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"no run {run_id!r} in the store")
+
+
+class ConcurrentWriteError(SagaError):
+    """Raised when another writer appended to a run first (the version fence held)."""
+
+    exit_code = 5
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"run {run_id} was changed by another writer; reload and retry")
+
+
+class RunStateError(SagaError):
+    """Raised when a command does not apply to a run in its current state."""
+
+    exit_code = 2

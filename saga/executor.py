@@ -1,0 +1,341 @@
+"""Performing what the scheduler decides: calling tools, timing out, retrying, recording.
+
+The executor never decides. Each turn it asks :func:`saga.scheduler.decide` for actions,
+turns them into events on the run, appends them in one commit (so a step's completion
+and the starts of the steps it unblocks cost one append), and only then calls the tools
+it just recorded as started (promise 1: ``StepStarted`` is durable before a tool runs).
+Clock, sleep and jitter are injected so tests can replace them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import tenacity
+
+from saga import expressions, scheduler
+from saga.application import SagaApplication
+from saga.definition import RetryPolicy, Step
+from saga.domain import Run, idempotency_key
+from saga.errors import ExpressionError, ToolError
+from saga.plan import Plan, compile_plan
+from saga.scheduler import (
+    CompensateStep,
+    FailStep,
+    FinishRun,
+    RequestApproval,
+    SkipStep,
+    StartCompensation,
+    StartStep,
+)
+from saga.tools import Registry, ToolContext
+
+log = logging.getLogger("saga.executor")
+EventHook = Callable[[Run, list[Any]], None]
+_DEFAULT_RETRY = RetryPolicy()
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What happened when the executor performed one call."""
+
+    kind: str  # "step", "compensation" or "timer"
+    step_id: str
+    iteration: int
+    attempt: int
+    ok: bool = True
+    output: Any = None
+    error_type: str = ""
+    message: str = ""
+    retryable: bool = True
+    duration_ms: int = 0
+
+
+def wait_strategy(policy: RetryPolicy) -> tenacity.wait.wait_base:
+    """A retry policy as tenacity's wait strategy: the one place specs become tenacity."""
+    if policy.backoff == "fixed":
+        base: tenacity.wait.wait_base = tenacity.wait_fixed(policy.delay)
+    elif policy.backoff == "linear":
+        base = tenacity.wait_incrementing(start=policy.delay, increment=policy.delay,
+                                          max=policy.max_delay)
+    else:
+        base = tenacity.wait_exponential(multiplier=policy.delay, exp_base=policy.multiplier,
+                                         max=policy.max_delay)
+    return base + tenacity.wait_random(0, policy.jitter) if policy.jitter else base
+
+
+def retry_delay(policy: RetryPolicy, attempt: int) -> float:
+    """Seconds to wait after failed attempt number ``attempt`` (jitter included)."""
+    state = tenacity.RetryCallState(retry_object=tenacity.Retrying(), fn=None, args=(),
+                                    kwargs={})
+    state.attempt_number = attempt
+    return float(wait_strategy(policy)(state))
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Executor:
+    """Drives runs of one application with a registry of tools."""
+
+    def __init__(self, app: SagaApplication, registry: Registry, *, worker: str | None = None,
+                 clock: Callable[[], datetime] = _now, on_events: EventHook | None = None,
+                 max_threads: int = 16) -> None:
+        self.app = app
+        self.registry = registry
+        self.worker = worker
+        self.clock = clock
+        self.on_events = on_events
+        self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="saga-tool")
+        self._plans: dict[str, Plan] = {}
+
+    def close(self) -> None:
+        """Stop the tool thread pool."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def plan_for(self, run: Run) -> Plan:
+        """The plan of the definition recorded in the run (never a file edited since)."""
+        plan = self._plans.get(run.definition_hash)
+        if plan is None:
+            plan = compile_plan(run.definition)
+            self._plans[run.definition_hash] = plan
+        return plan
+
+    def drive(self, run: Run) -> Run:
+        """Drive a run until it finishes or waits (for an approval); returns its state."""
+        return asyncio.run(self.drive_async(run))
+
+    async def drive_async(self, run: Run) -> Run:
+        """Async form of :meth:`drive`."""
+        return await _Drive(self, run, self.plan_for(run)).go()
+
+
+class _Drive:
+    """One drive of one run: the loop of decide, record, save, perform."""
+
+    def __init__(self, executor: Executor, run: Run, plan: Plan) -> None:
+        self.x = executor
+        self.run = run
+        self.plan = plan
+        self.tasks: dict[asyncio.Task[Outcome], tuple[str, str, int]] = {}
+        self.timers: set[tuple[str, int]] = set()
+        self.compensating: set[str] = set()
+
+    async def go(self) -> Run:
+        while True:
+            launches = self._advance()
+            self._save()
+            for launch in launches:
+                self._launch(*launch)
+            if self.run.is_finished or not self.tasks:
+                return self.run
+            done, _ = await asyncio.wait(self.tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                self.tasks.pop(task)
+                self._record(task.result())
+
+    # -- deciding and recording --------------------------------------------------------
+
+    def _advance(self) -> list[tuple[str, Any]]:
+        """Apply the scheduler's actions until it has nothing new; return what to launch."""
+        launches: list[tuple[str, Any]] = []
+        while True:
+            before = (len(self.run.pending_events), len(launches))
+            for action in scheduler.decide(self.plan, self.run):
+                launch = self._apply(action)
+                if launch is not None:
+                    launches.append(launch)
+            if before == (len(self.run.pending_events), len(launches)) or self.run.is_finished:
+                return launches
+
+    def _apply(self, action: scheduler.Action) -> tuple[str, Any] | None:
+        run = self.run
+        if isinstance(action, StartStep):
+            return self._start(action)
+        if isinstance(action, SkipStep):
+            run.skip_step(action.step_id, action.iteration, action.reason)
+        elif isinstance(action, FailStep):
+            run.fail_step(action.step_id, action.iteration, action.attempt, action.error_type,
+                          action.message)
+        elif isinstance(action, RequestApproval):
+            run.request_approval(action.step_id, action.message)
+        elif isinstance(action, StartCompensation):
+            run.start_compensation(action.reason, action.steps)
+        elif isinstance(action, CompensateStep):
+            return self._compensate(action)
+        elif isinstance(action, FinishRun):
+            run.finish(action.status, action.outputs, action.error, action.failed_step)
+        return None
+
+    def _start(self, action: StartStep) -> tuple[str, Any] | None:
+        if action.not_before is not None:
+            due = datetime.fromisoformat(action.not_before)
+            delay = (due - self.x.clock()).total_seconds()
+            if delay > 0:
+                marker = (action.step_id, action.attempt)
+                if marker not in self.timers:
+                    self.timers.add(marker)
+                    return ("timer", (action, delay))
+                return None
+        self.run.start_step(action.step_id, action.iteration, action.attempt,
+                            action.parameters, self.x.worker)
+        return ("step", action)
+
+    def _compensate(self, action: CompensateStep) -> tuple[str, Any] | None:
+        key = f"{action.step_id}:{action.iteration}"
+        if key in self.compensating:
+            return None
+        if action.error is not None:
+            self.run.compensation_failed(action.step_id, action.iteration, "ExpressionError",
+                                         action.error)
+            return None
+        self.compensating.add(key)
+        return ("compensation", action)
+
+    def _record(self, outcome: Outcome) -> None:
+        run = self.run
+        if outcome.kind == "timer":
+            self.timers.discard((outcome.step_id, outcome.attempt))
+        elif outcome.kind == "compensation":
+            self.compensating.discard(f"{outcome.step_id}:{outcome.iteration}")
+            if outcome.ok:
+                run.compensated(outcome.step_id, outcome.iteration, outcome.output)
+            else:
+                run.compensation_failed(outcome.step_id, outcome.iteration, outcome.error_type,
+                                        outcome.message)
+        elif outcome.ok:
+            run.complete_step(outcome.step_id, outcome.iteration, outcome.attempt,
+                              outcome.output, outcome.duration_ms)
+        else:
+            retry = scheduler.retry_decision(self.plan, outcome.step_id, outcome.attempt,
+                                             outcome.error_type, outcome.retryable)
+            next_at = None
+            if retry:
+                step = self.plan.step(outcome.step_id)
+                delay = retry_delay(step.retry or _default_policy(self.plan), outcome.attempt)
+                next_at = (self.x.clock() + timedelta(seconds=delay)).isoformat()
+            run.fail_step(outcome.step_id, outcome.iteration, outcome.attempt,
+                          outcome.error_type, outcome.message, retry, next_at)
+
+    def _save(self) -> None:
+        pending = list(self.run.pending_events)
+        if not pending:
+            return
+        self.x.app.save_run(self.run)
+        if self.x.on_events is not None:
+            self.x.on_events(self.run, pending)
+
+    # -- performing --------------------------------------------------------------------
+
+    def _launch(self, kind: str, payload: Any) -> None:
+        if kind == "timer":
+            action, delay = payload
+            coro = _timer(action, delay)
+            ident = (kind, action.step_id, action.attempt)
+        elif kind == "step":
+            coro = self._call_step(payload)
+            ident = (kind, payload.step_id, payload.attempt)
+        else:
+            coro = self._call_compensation(payload)
+            ident = (kind, payload.step_id, 0)
+        self.tasks[asyncio.ensure_future(coro)] = ident
+
+    async def _call_step(self, action: StartStep) -> Outcome:
+        step = self.plan.step(action.step_id)
+        started = time.monotonic()
+        try:
+            if step.compute is not None:
+                output = await self._in_thread(expressions.run_compute, step.compute,
+                                               scheduler.namespace(self.plan, self.run))
+            else:
+                assert step.tool is not None
+                output = await self._call_tool(step.tool, action.parameters, action,
+                                               step.timeout_seconds)
+            _check_json(output)
+        except Exception as e:
+            return _failure("step", action.step_id, action.iteration, action.attempt, e,
+                            step.timeout_seconds, started)
+        return Outcome("step", action.step_id, action.iteration, action.attempt, output=output,
+                       duration_ms=_ms(started))
+
+    async def _call_compensation(self, action: CompensateStep) -> Outcome:
+        step: Step = self.plan.step(action.step_id)
+        assert step.compensate is not None
+        timeout = step.compensate.timeout_ms / 1000 if step.compensate.timeout_ms else None
+        started = time.monotonic()
+        fake = StartStep(action.step_id, action.iteration, 1, action.parameters)
+        try:
+            output = await self._call_tool(action.tool, action.parameters, fake, timeout,
+                                           suffix=":compensate")
+            _check_json(output)
+        except Exception as e:
+            return _failure("compensation", action.step_id, action.iteration, 1, e, timeout,
+                            started)
+        return Outcome("compensation", action.step_id, action.iteration, 1, output=output,
+                       duration_ms=_ms(started))
+
+    async def _call_tool(self, name: str, parameters: Any, action: StartStep,
+                         timeout: float | None, suffix: str = "") -> Any:
+        tool = self.x.registry.get(name)
+        run_id = self.run.run_id
+        ctx = ToolContext(
+            run_id=run_id, step_id=action.step_id, iteration=action.iteration,
+            attempt=action.attempt,
+            idempotency_key=idempotency_key(run_id, action.step_id, action.iteration) + suffix,
+            deadline=time.time() + timeout if timeout else None,
+            logger=logging.getLogger(f"saga.tool.{name}"),
+        )
+        params = parameters if isinstance(parameters, dict) else {"value": parameters}
+        call = tool.func(params, ctx) if tool.is_async else self._in_thread(tool.func, params, ctx)
+        return await asyncio.wait_for(call, timeout) if timeout else await call
+
+    async def _in_thread(self, func: Callable[..., Any], *args: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.x._pool, func, *args)
+
+
+def _default_policy(plan: Plan) -> RetryPolicy:
+    if plan.definition.error_handling.failure_strategy == "retry":
+        return RetryPolicy(delay=0.5, multiplier=2.0)
+    return _DEFAULT_RETRY
+
+
+async def _timer(action: StartStep, delay: float) -> Outcome:
+    await asyncio.sleep(delay)
+    return Outcome("timer", action.step_id, action.iteration, action.attempt)
+
+
+def _failure(kind: str, step_id: str, iteration: int, attempt: int, e: Exception,
+             timeout: float | None, started: float) -> Outcome:
+    if isinstance(e, TimeoutError):
+        error_type, message, retryable = "timeout", f"timed out after {timeout:g}s", True
+    elif isinstance(e, ToolError):
+        error_type, message, retryable = e.error_type, e.message, e.retryable
+    elif isinstance(e, ExpressionError):
+        error_type, message, retryable = "ExpressionError", str(e), False
+    else:
+        error_type, message, retryable = type(e).__name__, str(e) or type(e).__name__, True
+    return Outcome(kind, step_id, iteration, attempt, ok=False, error_type=error_type,
+                   message=message, retryable=retryable, duration_ms=_ms(started))
+
+
+def _check_json(value: Any) -> None:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as e:
+        raise ToolError(f"output is not JSON: {e}", error_type="OutputNotJSON",
+                        retryable=False) from e
+
+
+def _ms(started: float) -> int:
+    return round((time.monotonic() - started) * 1000)
+

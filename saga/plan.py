@@ -1,0 +1,279 @@
+"""The compiled plan: a checked networkx graph of steps, its levels and critical path.
+
+Compilation is pure. It takes raw definition data (as loaded from YAML/JSON) and either
+returns a :class:`Plan` or raises :class:`DefinitionError` with every problem found:
+model problems from pydantic and graph problems (duplicate ids, unknown dependencies,
+cycles, references to steps that are not upstream, unknown tools) together.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import networkx as nx
+
+from saga import expressions
+from saga.definition import Definition, Step, build
+from saga.errors import DefinitionError, ExpressionError, Problem
+
+#: Names every expression may use besides step outputs.
+BASE_NAMES = frozenset({"inputs", "input", "context", "steps"})
+#: Extra names visible in a compensation's parameters.
+COMPENSATION_NAMES = frozenset({"output", "parameters", "error"})
+_STEPS_REF = re.compile(r"steps\s*(?:\.\s*([A-Za-z_][\w\-]*)|\[\s*['\"]([^'\"]+)['\"]\s*\])")
+_SAFE_BUILTINS = frozenset({
+    "len", "str", "int", "float", "bool", "list", "dict", "tuple", "set", "min", "max",
+    "sum", "any", "all", "sorted", "reversed", "enumerate", "zip", "range", "abs", "round",
+    "True", "False", "None", "true", "false", "none", "loop", "namespace", "result",
+})
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A definition compiled into a dependency graph, ready for the scheduler."""
+
+    definition: Definition
+    graph: nx.DiGraph
+    order: tuple[str, ...]
+
+    @property
+    def steps(self) -> dict[str, Step]:
+        """Steps by id, in execution (topological, then definition) order."""
+        return {step_id: self.graph.nodes[step_id]["step"] for step_id in self.order}
+
+    def step(self, step_id: str) -> Step:
+        """The step with this id."""
+        return self.graph.nodes[step_id]["step"]
+
+    def dependencies(self, step_id: str) -> list[str]:
+        """The steps this one waits for, in definition order."""
+        return sorted(self.graph.predecessors(step_id), key=self.order.index)
+
+    def upstream(self, step_id: str) -> set[str]:
+        """Every step this one transitively depends on."""
+        return nx.ancestors(self.graph, step_id)
+
+    def levels(self) -> list[list[str]]:
+        """Groups of steps that can run at the same time, in order."""
+        return [sorted(gen, key=self.order.index) for gen in nx.topological_generations(self.graph)]
+
+    def critical_path(self) -> list[str]:
+        """The longest chain of dependent steps, weighted by each step's expected duration."""
+        weighted = nx.DiGraph()
+        weighted.add_nodes_from(self.graph.nodes)
+        for u, v in self.graph.edges:
+            weighted.add_edge(u, v, weight=_expected_ms(self.step(v)))
+        path = nx.dag_longest_path(weighted, weight="weight", default_weight=1)
+        if path:
+            return path
+        return [self.order[0]] if self.order else []
+
+
+def _expected_ms(step: Step) -> float:
+    return float(step.timeout_seconds * 1000) if step.timeout_seconds else 1.0
+
+
+def compile_plan(data: dict[str, Any] | Definition, *, tools: Collection[str] | None = None,
+                 source: str | None = None) -> Plan:
+    """Compile raw definition data into a Plan, or raise DefinitionError with every problem.
+
+    Args:
+        data: the composition as loaded from YAML/JSON, or an already built Definition.
+        tools: names of available tools; when given, unknown tools are problems.
+        source: a file name to mention in the error.
+    """
+    if isinstance(data, Definition):
+        definition, problems = data, []
+    else:
+        definition, problems = build(data, source)
+    raw_steps = _raw_steps(data)
+    graph, graph_problems = _graph(raw_steps)
+    problems += [p for p in graph_problems if p not in problems]
+    if definition is not None:
+        problems += _semantic_problems(definition, graph, tools)
+    if problems or definition is None:
+        raise DefinitionError(problems, source)
+    order = tuple(nx.lexicographical_topological_sort(graph, key=_index_key(raw_steps)))
+    for step in definition.steps:
+        graph.nodes[step.id]["step"] = step
+    return Plan(definition, graph, order)
+
+
+def _index_key(raw_steps: list[dict[str, Any]]) -> Any:
+    index = {s["id"]: i for i, s in enumerate(raw_steps)}
+    return lambda node: f"{index.get(node, 0):08d}"
+
+
+def _raw_steps(data: dict[str, Any] | Definition) -> list[dict[str, Any]]:
+    """Steps as plain dicts with at least an id, read leniently so graph checks still run
+    when some other part of the definition is malformed."""
+    if isinstance(data, Definition):
+        return [s.model_dump(by_alias=False) for s in data.steps]
+    steps = data.get("steps") if isinstance(data, dict) else None
+    if not isinstance(steps, list):
+        return []
+    return [s for s in steps if isinstance(s, dict) and isinstance(s.get("id"), str)]
+
+
+def _graph(raw_steps: list[dict[str, Any]]) -> tuple[nx.DiGraph, list[Problem]]:
+    graph = nx.DiGraph()
+    problems: list[Problem] = []
+    seen: dict[str, int] = {}
+    for i, step in enumerate(raw_steps):
+        if step["id"] in seen:
+            first = seen[step["id"]]
+            problems.append(Problem(f"steps[{i}].id",
+                                    f"duplicate id {step['id']!r} (first at steps[{first}])"))
+        else:
+            seen[step["id"]] = i
+            graph.add_node(step["id"])
+    for i, (step, deps) in enumerate(_dependencies(raw_steps)):
+        for dep in deps:
+            if dep not in seen:
+                problems.append(Problem(f"steps[{i}].depends_on",
+                                        f"unknown step {dep!r}"))
+            elif dep == step:
+                problems.append(Problem(f"steps[{i}].depends_on", "a step cannot depend on itself"))
+            else:
+                graph.add_edge(dep, step)
+    try:
+        cycle = nx.find_cycle(graph)
+    except nx.NetworkXNoCycle:
+        pass
+    else:
+        path = " -> ".join([u for u, _ in cycle] + [cycle[0][0]])
+        problems.append(Problem("steps", f"dependency cycle: {path}"))
+    return graph, problems
+
+
+def _dependencies(raw_steps: list[dict[str, Any]]) -> Iterable[tuple[str, list[str]]]:
+    """Each step's dependencies: explicit ``depends_on`` once any step declares one;
+    otherwise list order, where consecutive steps sharing a ``parallel_group`` run together."""
+    if any("depends_on" in s for s in raw_steps):
+        for s in raw_steps:
+            deps = s.get("depends_on") or []
+            yield s["id"], [d for d in deps if isinstance(d, str)] if isinstance(deps, list) else []
+        return
+    previous: list[str] = []
+    current: list[str] = []
+    group: object = object()
+    for s in raw_steps:
+        step_group = s.get("parallel_group")
+        if step_group is None or step_group != group:
+            previous, current = current or previous, []
+        group = step_group if step_group is not None else object()
+        current.append(s["id"])
+        yield s["id"], list(previous)
+
+
+def _semantic_problems(definition: Definition, graph: nx.DiGraph,
+                       tools: Collection[str] | None) -> list[Problem]:
+    problems: list[Problem] = []
+    keys = {step.key: step.id for step in definition.steps} | {s.id: s.id for s in definition.steps}
+    has_cycle = not nx.is_directed_acyclic_graph(graph)
+    for i, step in enumerate(definition.steps):
+        where = f"steps[{i}]"
+        if tools is not None:
+            for path, name in _tool_names(step):
+                if name not in tools:
+                    problems.append(Problem(f"{where}.{path}", f"unknown tool {name!r}"))
+        if has_cycle or step.id not in graph:
+            continue
+        upstream = nx.ancestors(graph, step.id)
+        for path, names in _step_references(step, where, problems):
+            own = COMPENSATION_NAMES | {step.key, step.id}
+            extra = own if path.startswith("compensate") else set()
+            problems += _reference_problems(f"{where}.{path}", names, keys, upstream, extra)
+    seen_keys: dict[str, str] = {}
+    for i, step in enumerate(definition.steps):
+        if step.key in BASE_NAMES:
+            problems.append(Problem(f"steps[{i}]", f"output name {step.key!r} is reserved"))
+        other = seen_keys.get(step.key)
+        if other is not None and other != step.id:
+            problems.append(Problem(f"steps[{i}].output_key",
+                                    f"output name {step.key!r} is already used by step {other!r}"))
+        seen_keys[step.key] = step.id
+    if definition.outputs is not None:
+        everything = set(graph.nodes)
+        for name, value in definition.outputs.items():
+            try:
+                names = expressions.references(value)
+            except ExpressionError as e:
+                problems.append(Problem(f"outputs.{name}", str(e)))
+                continue
+            names |= _steps_refs(value)
+            problems += _reference_problems(f"outputs.{name}", names, keys, everything, set())
+    for i, confirmation in enumerate(definition.confirmations):
+        if confirmation.step not in graph:
+            problems.append(Problem(f"confirmations[{i}].step",
+                                    f"unknown step {confirmation.step!r}"))
+    return problems
+
+
+def _tool_names(step: Step) -> Iterable[tuple[str, str]]:
+    if step.tool is not None:
+        yield "tool", step.tool
+    if step.compensate is not None:
+        yield "compensate.tool", step.compensate.tool
+
+
+def _step_references(step: Step, where: str,
+                     problems: list[Problem]) -> Iterable[tuple[str, set[str]]]:
+    """Names each templated part of a step reads, with static syntax problems recorded."""
+    parts: list[tuple[str, Any, Any]] = [("parameters", step.parameters, expressions.references)]
+    if step.condition is not None:
+        parts.append(("condition", step.condition, expressions.expression_references))
+    if step.compute is not None:
+        parts.append(("compute", step.compute, expressions.compute_references))
+    if step.compensate is not None:
+        parts.append(("compensate.parameters", step.compensate.parameters, expressions.references))
+    for path, value, find in parts:
+        try:
+            static = _static_problems(path, value)
+            if static:
+                problems += [Problem(f"{where}.{path}", msg) for msg in static]
+                continue
+            yield path, set(find(value)) | _steps_refs(value)
+        except ExpressionError as e:
+            problems.append(Problem(f"{where}.{path}", str(e)))
+
+
+def _static_problems(path: str, value: Any) -> list[str]:
+    if path == "condition":
+        return expressions.check_expression(value)
+    if path == "compute":
+        return expressions.check_compute(value)
+    return expressions.check_template(value)
+
+
+def _steps_refs(value: Any) -> set[str]:
+    """Step ids read as ``steps.X`` or ``steps['X']``, reported as ``steps.X`` names."""
+    text = repr(value)
+    return {f"steps.{a or b}" for a, b in _STEPS_REF.findall(text)}
+
+
+def _reference_problems(path: str, names: set[str], keys: dict[str, str], upstream: set[str],
+                        extra: set[str]) -> list[Problem]:
+    problems = []
+    for name in sorted(names):
+        if name.startswith("steps."):
+            ref = name.removeprefix("steps.")
+            step_id = keys.get(ref)
+            if step_id is None:
+                problems.append(Problem(path, f"references unknown step {ref!r}"))
+            elif step_id not in upstream and ref not in extra:
+                problems.append(Problem(path, f"references step {ref!r}, which is not upstream "
+                                              "(add it to depends_on)"))
+            continue
+        if name in BASE_NAMES or name in _SAFE_BUILTINS or name in extra:
+            continue
+        step_id = keys.get(name)
+        if step_id is None:
+            problems.append(Problem(path, f"unknown name {name!r}"))
+        elif step_id not in upstream:
+            problems.append(Problem(path, f"references step {name!r}, which is not upstream "
+                                          "(add it to depends_on)"))
+    return problems

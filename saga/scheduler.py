@@ -1,0 +1,350 @@
+"""Deciding what a run does next: ``decide(plan, run) -> actions``. Pure.
+
+The scheduler reads only the plan and the run's folded state (recorded inputs, outputs,
+context); it never reads the clock, the environment or randomness, so replaying a history
+through it reproduces the recorded decisions. Templates and conditions are evaluated here
+because they are functions of recorded data; tools are called by the executor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from saga import expressions
+from saga.definition import Step
+from saga.domain import Run, idempotency_key, step_key
+from saga.errors import ExpressionError
+from saga.plan import Plan
+
+
+@dataclass(frozen=True)
+class StartStep:
+    """Record ``StepStarted`` and run the step (not before ``not_before``, an ISO time)."""
+
+    step_id: str
+    iteration: int
+    attempt: int
+    parameters: Any
+    not_before: str | None = None
+
+
+@dataclass(frozen=True)
+class SkipStep:
+    """Record ``StepSkipped``."""
+
+    step_id: str
+    iteration: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class FailStep:
+    """Record a ``StepFailed`` that happened before any tool ran (e.g. a template error)."""
+
+    step_id: str
+    iteration: int
+    attempt: int
+    error_type: str
+    message: str
+
+
+@dataclass(frozen=True)
+class RequestApproval:
+    """Record ``ApprovalRequested``; the run waits."""
+
+    step_id: str
+    message: str
+
+
+@dataclass(frozen=True)
+class StartCompensation:
+    """Record ``CompensationStarted`` with the steps to undo, in order."""
+
+    reason: str
+    steps: list[str]
+
+
+@dataclass(frozen=True)
+class CompensateStep:
+    """Run one step's compensation (with its parameters rendered)."""
+
+    step_id: str
+    iteration: int
+    tool: str
+    parameters: Any
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class FinishRun:
+    """Record the run's outcome."""
+
+    status: str
+    outputs: Any = None
+    error: dict[str, Any] | None = None
+    failed_step: str | None = None
+
+
+Action = (StartStep | SkipStep | FailStep | RequestApproval | StartCompensation
+          | CompensateStep | FinishRun)
+
+
+@dataclass
+class _View:
+    """What decide needs to know about the run, derived once per call."""
+
+    plan: Plan
+    run: Run
+    namespace: dict[str, Any] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.namespace = namespace(self.plan, self.run)
+
+
+def namespace(plan: Plan, run: Run) -> dict[str, Any]:
+    """Everything expressions may read: inputs, context and each step's recorded output
+    (by output key and by id; ``null`` for a step that has not completed)."""
+    outputs: dict[str, Any] = {}
+    for step in plan.definition.steps:
+        state = run.steps.get(step_key(step.id))
+        recorded = state is not None and state["status"] in ("completed", "compensated")
+        outputs[step.id] = state["output"] if recorded else None
+    names: dict[str, Any] = {}
+    for step in plan.definition.steps:
+        names[step.id] = outputs[step.id]
+        names[step.key] = outputs[step.id]
+    names.update(inputs=run.inputs, input=run.inputs, context=run.context, steps=outputs)
+    return names
+
+
+def decide(plan: Plan, run: Run) -> list[Action]:
+    """The actions that follow from the run's recorded state; empty when it must wait."""
+    if run.is_finished:
+        return []
+    view = _View(plan, run)
+    if run.compensation is not None:
+        return _compensation(view)
+    blocking = _blocking_failure(view)
+    strategy = plan.definition.error_handling.failure_strategy
+    if blocking is not None and strategy != "partial_success":
+        return [] if _busy(view) else _after_failure(view, blocking)
+    actions = _step_actions(view)
+    if actions or _busy(view) or run.pending_approvals:
+        return actions
+    if blocking is not None:
+        return _after_failure(view, blocking)
+    return [_complete(view)]
+
+
+def _state(view: _View, step_id: str) -> dict[str, Any]:
+    return view.run.step(step_key(step_id))
+
+
+def _retry_pending(state: dict[str, Any]) -> bool:
+    return state["status"] == "failed" and state.get("retry_at") is not None
+
+
+def _busy(view: _View) -> bool:
+    """A step is running, or a failed attempt waits for its retry."""
+    return any(s["status"] == "running" or _retry_pending(s) for s in view.run.steps.values())
+
+
+def _failed_for_good(view: _View, step: Step) -> bool:
+    state = _state(view, step.id)
+    return state["status"] == "failed" and not _retry_pending(state) and step.on_error != "continue"
+
+
+def _blocking_failure(view: _View) -> str | None:
+    """The first step (in plan order) that failed for good and stops the run."""
+    for step_id, step in view.plan.steps.items():
+        if _failed_for_good(view, step):
+            return step_id
+    return None
+
+
+def _finished(view: _View, step_id: str) -> bool:
+    state = _state(view, step_id)
+    return state["status"] in ("completed", "skipped") or (
+        state["status"] == "failed" and not _retry_pending(state))
+
+
+def _step_actions(view: _View) -> list[Action]:
+    actions: list[Action] = []
+    slots = view.plan.definition.max_concurrency - sum(
+        1 for s in view.run.steps.values() if s["status"] == "running" or _retry_pending(s))
+    for step_id, step in view.plan.steps.items():
+        state = _state(view, step_id)
+        if _retry_pending(state):
+            actions.append(StartStep(step_id, 0, state["attempt"] + 1,
+                                     state.get("parameters"), not_before=state["retry_at"]))
+            continue
+        if state["status"] != "pending":
+            continue
+        deps = view.plan.dependencies(step_id)
+        if not all(_finished(view, d) for d in deps):
+            continue
+        failed = [d for d in deps if _failed_for_good(view, view.plan.step(d))]
+        if failed:
+            actions.append(SkipStep(step_id, 0, f"upstream step {failed[0]!r} failed"))
+            continue
+        action = _ready_action(view, step)
+        if isinstance(action, StartStep):
+            if slots <= 0:
+                continue
+            slots -= 1
+        if action is not None:
+            actions.append(action)
+    return actions
+
+
+def _ready_action(view: _View, step: Step) -> Action | None:
+    """What to do with a step whose dependencies have all finished."""
+    if step.condition is not None:
+        try:
+            if not expressions.evaluate(step.condition, view.namespace):
+                return SkipStep(step.id, 0, "condition false")
+        except ExpressionError as e:
+            return FailStep(step.id, 0, 1, "ExpressionError", f"condition: {e}")
+    approval = _approval(view, step)
+    if approval is not None:
+        return approval if isinstance(approval, RequestApproval | FailStep) else None
+    if step.compute is not None:
+        return StartStep(step.id, 0, 1, {"compute": step.compute})
+    try:
+        parameters = expressions.render(step.parameters, view.namespace)
+    except ExpressionError as e:
+        return FailStep(step.id, 0, 1, "ExpressionError", f"parameters: {e}")
+    return StartStep(step.id, 0, 1, parameters)
+
+
+def _approval(view: _View, step: Step) -> Action | bool | None:
+    """None when no approval is needed or it was granted; an action or True (wait) otherwise."""
+    message = confirmation_message(view.plan, step)
+    if message is None:
+        return None
+    decision = view.run.approvals.get(step.id)
+    if decision is None:
+        try:
+            rendered = expressions.render(message, view.namespace)
+        except ExpressionError:
+            rendered = message
+        return RequestApproval(step.id, str(rendered))
+    if decision["status"] == "granted":
+        return None
+    if decision["status"] == "rejected":
+        comment = f": {decision['comment']}" if decision.get("comment") else ""
+        return FailStep(step.id, 0, 1, "ApprovalRejected",
+                        f"rejected by {decision['actor']}{comment}")
+    return True
+
+
+def confirmation_message(plan: Plan, step: Step) -> str | None:
+    """The approval message for a step that needs one, else None."""
+    for confirmation in plan.definition.confirmations:
+        if confirmation.step == step.id:
+            return confirmation.message or f"Run step {step.id}?"
+    if step.confirm:
+        return step.confirm if isinstance(step.confirm, str) else f"Run step {step.id}?"
+    return None
+
+
+def _after_failure(view: _View, failed_step: str) -> list[Action]:
+    """Compensate if the policy says so and something can be undone; else fail."""
+    handling = view.plan.definition.error_handling
+    step = view.plan.step(failed_step)
+    error = _state(view, failed_step).get("error") or {}
+    rollback = (handling.rollback_on_failure or handling.failure_strategy == "rollback"
+                or step.on_error == "compensate")
+    to_undo = compensation_order(view.plan, view.run) if rollback else []
+    reason = f"step {failed_step!r} failed: {error.get('message', '')}"
+    if to_undo:
+        return [StartCompensation(reason, to_undo)]
+    return [FinishRun("failed", _partial_outputs(view), dict(error, step=failed_step),
+                      failed_step)]
+
+
+def compensation_order(plan: Plan, run: Run) -> list[str]:
+    """Completed steps that declare a compensation, most recently completed first."""
+    return [key for key in reversed(run.completion_order)
+            if plan.step(run.steps[key]["step_id"]).compensate is not None]
+
+
+def _compensation(view: _View) -> list[Action]:
+    comp = view.run.compensation
+    assert comp is not None
+    for key in comp["steps"]:
+        if key in comp["done"]:
+            continue
+        state = view.run.steps[key]
+        step = view.plan.step(state["step_id"])
+        assert step.compensate is not None
+        names = dict(view.namespace, output=state["output"],
+                     parameters=state.get("parameters"), error=view.run.error)
+        try:
+            parameters = expressions.render(step.compensate.parameters, names)
+        except ExpressionError as e:
+            return [CompensateStep(step.id, state["iteration"], step.compensate.tool, None,
+                                   error=str(e))]
+        return [CompensateStep(step.id, state["iteration"], step.compensate.tool, parameters)]
+    failed_step = _blocking_failure(view)
+    error = dict(_state(view, failed_step).get("error") or {}, step=failed_step) \
+        if failed_step else {"message": comp["reason"]}
+    broken = [k for k, v in comp["done"].items() if v == "failed"]
+    if broken:
+        error = dict(error, compensation_failed=broken)
+        return [FinishRun("failed", _partial_outputs(view), error, failed_step)]
+    return [FinishRun("compensated", _partial_outputs(view), error, failed_step)]
+
+
+def _partial_outputs(view: _View) -> dict[str, Any]:
+    """Outputs of the steps that completed, by output name."""
+    return {step.key: view.namespace["steps"][step.id] for step in view.plan.definition.steps
+            if _state(view, step.id)["status"] in ("completed", "compensated")}
+
+
+def _complete(view: _View) -> FinishRun:
+    outputs_spec = view.plan.definition.outputs
+    if outputs_spec is None:
+        return FinishRun("completed", _partial_outputs(view))
+    try:
+        return FinishRun("completed", expressions.render(outputs_spec, view.namespace))
+    except ExpressionError as e:
+        return FinishRun("failed", _partial_outputs(view),
+                         {"type": "ExpressionError", "message": f"outputs: {e}"})
+
+
+def retry_decision(plan: Plan, step_id: str, attempt: int, error_type: str,
+                   tool_says_retryable: bool = True) -> bool:
+    """Whether a failed attempt gets another: the step's policy, pure."""
+    step = plan.step(step_id)
+    if not tool_says_retryable or attempt >= max_attempts(plan, step):
+        return False
+    policy = step.retry
+    if policy is not None:
+        if error_type in policy.non_retryable:
+            return False
+        if policy.retry_on is not None and error_type not in policy.retry_on:
+            return False
+    return error_type not in ("ExpressionError", "ApprovalRejected", "UnknownToolError")
+
+
+def max_attempts(plan: Plan, step: Step) -> int:
+    """How many attempts a step gets: retry policy, retry_count, on_error retry:N, or the
+    composition's ``error_handling.max_retries`` (3 under the ``retry`` strategy)."""
+    if step.retry is not None:
+        return step.retry.max_attempts
+    if step.retry_count is not None:
+        return step.retry_count + 1
+    if step.on_error.startswith("retry:"):
+        return int(step.on_error.split(":", 1)[1]) + 1
+    handling = plan.definition.error_handling
+    retries = handling.max_retries
+    if handling.failure_strategy == "retry" and retries == 0:
+        retries = 3
+    return retries + 1
+
+
+def step_idempotency_key(run: Run, step_id: str, iteration: int = 0) -> str:
+    """The idempotency key for a step of this run."""
+    return idempotency_key(run.run_id, step_id, iteration)

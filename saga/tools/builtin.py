@@ -1,0 +1,45 @@
+"""Built-in tools, enough to compose examples without writing Python."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from saga.errors import ToolError
+from saga.tools import Tool, ToolContext
+
+
+def noop(params: dict[str, Any], ctx: ToolContext) -> None:
+    """Does nothing and returns null."""
+    return None
+
+
+def echo(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    """Returns its parameters."""
+    return dict(params)
+
+
+async def sleep(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    """Waits ``seconds`` (cancellable, so a timeout stops it)."""
+    seconds = float(params.get("seconds", 0))
+    await asyncio.sleep(seconds)
+    return {"slept": seconds}
+
+
+def fail(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    """Fails with ``message``; with ``times: N`` only the first N attempts fail."""
+    times = params.get("times")
+    if times is not None and ctx.attempt > int(times):
+        return {"attempt": ctx.attempt, "failed_before": int(times)}
+    raise ToolError(str(params.get("message", "failed on purpose")),
+                    error_type=str(params.get("error_type", "ToolError")),
+                    retryable=bool(params.get("retryable", True)))
+
+
+TOOLS = [
+    Tool("noop", noop, description="Does nothing; returns null.", source="builtin"),
+    Tool("echo", echo, description="Returns its parameters.", source="builtin"),
+    Tool("sleep", sleep, description="Waits `seconds` seconds.", source="builtin"),
+    Tool("fail", fail, description="Fails with `message`; `times: N` fails only the first N "
+                                   "attempts.", source="builtin"),
+]

@@ -1,0 +1,63 @@
+"""Shared fixtures: a store per test, parametrised over SQLite and a real PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from saga.api import Saga
+from saga.config import Settings
+from saga.tools import Registry, load_registry
+
+PG_URL = os.environ.get("SAGA_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def _drop_schema(schema: str) -> None:
+    import psycopg
+
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def settings(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Settings]:
+    """Settings for a store of its own: a fresh SQLite file, or a fresh PostgreSQL schema."""
+    if request.param == "sqlite":
+        yield Settings(home=tmp_path / ".saga", actor="tester")
+        return
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    yield Settings(database_url=PG_URL, schema=schema, actor="tester", pool_size=1,
+                   max_overflow=2)
+    _drop_schema(schema)
+
+
+@pytest.fixture
+def sqlite_settings(tmp_path: Path) -> Settings:
+    """Settings for a fresh SQLite store only (for tests about the engine, not the store)."""
+    return Settings(home=tmp_path / ".saga", actor="tester")
+
+
+@pytest.fixture
+def registry() -> Registry:
+    """Built-ins plus the test tools in tests/tools/standins.py."""
+    return load_registry(["tests.tools.standins"])
+
+
+@pytest.fixture
+def saga(settings: Settings, registry: Registry) -> Iterator[Saga]:
+    """A Saga on a store of its own (parametrised over SQLite and PostgreSQL)."""
+    s = Saga(settings, registry=registry)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def lite(sqlite_settings: Settings, registry: Registry) -> Iterator[Saga]:
+    """A Saga on a fresh SQLite store."""
+    s = Saga(sqlite_settings, registry=registry)
+    yield s
+    s.close()
