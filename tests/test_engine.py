@@ -1,0 +1,328 @@
+"""The engine end to end through the Python API, on SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from saga import Saga
+from tests.tools import standins
+
+SEEDS = Path(__file__).parent / "seeds"
+
+
+@pytest.fixture(autouse=True)
+def _clear_calls() -> None:
+    standins.CALLS.clear()
+
+
+def calls(tool: str | None = None) -> list[dict[str, Any]]:
+    return [c for c in standins.CALLS if tool is None or c["tool"] == tool]
+
+
+def types(saga: Saga, run_id: str) -> list[str]:
+    return [e["type"] for e in saga.history(run_id)]
+
+
+def test_seed_001_runs_as_written(saga: Saga) -> None:
+    plan = saga.load(SEEDS / "001_search_fold_store.json")
+    run = saga.run(plan, {"query": "billing"})
+    assert run.status == "completed"
+    fold = calls("context_fold")[0]["params"]
+    assert fold["content"] == "billing result 0 billing result 1 billing result 2 billing " \
+        "result 3 billing result 4 billing result 5 billing result 6 billing result 7 " \
+        "billing result 8 billing result 9"
+    store = calls("checkpoint_save")[0]["params"]
+    assert store["summary"] == fold["content"][:20]
+    assert store["tags"] == ["folded", "auto-generated"]
+    assert set(run.outputs) == {"search_results", "folded_content", "saved_checkpoint"}
+
+
+def test_seed_002_waits_for_confirmation_then_completes(saga: Saga) -> None:
+    plan = saga.load(SEEDS / "002_start_work.yaml")
+    run = saga.run(plan, {"issue_key": "AAP-12345"})
+    assert run.status == "waiting"
+    assert run.pending_approvals == ["create_branch"]
+    assert run.approvals["create_branch"]["message"] == \
+        "Create branch feature/AAP-12345-add-billing-export?"
+    assert not calls("git_create_branch")
+    saga.decide(run.run_id, "create_branch", True, actor="alice", comment="go")
+    run = saga.resume(run.run_id)
+    assert run.status == "completed"
+    assert run.outputs == {"branch": "feature/AAP-12345-add-billing-export",
+                           "issue": {"key": "AAP-12345", "type": "Story",
+                                     "summary": "Add billing export"},
+                           "success": True}
+    assert [c["params"]["branch"] for c in calls("git_create_branch")] == \
+        ["feature/AAP-12345-add-billing-export"]
+    # The auto-heal steps were skipped by their own conditions, not by cascade.
+    assert run.steps["detect_failure"]["status"] == "skipped"
+    assert run.steps["retry_create_branch"]["status"] == "skipped"
+    assert run.steps["transition_issue"]["status"] == "completed"
+    history = saga.history(run.run_id)
+    granted = [e for e in history if e["type"] == "ApprovalGranted"]
+    assert granted[0]["payload"]["actor"] == "alice"
+
+
+def test_rejection_follows_on_error(saga: Saga) -> None:
+    plan = saga.load(SEEDS / "002_start_work.yaml")
+    run = saga.run(plan, {"issue_key": "AAP-1"})
+    saga.decide(run.run_id, "create_branch", False, actor="bob", comment="not now")
+    run = saga.resume(run.run_id)
+    # create_branch has on_error: continue, so the run goes on without the branch.
+    assert run.steps["create_branch"]["status"] == "failed"
+    assert run.steps["create_branch"]["error"]["type"] == "ApprovalRejected"
+    assert run.status == "completed"
+    assert not calls("git_create_branch")
+
+
+def chain(*steps: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"name": "t", "steps": list(steps), **extra}
+
+
+def test_retries_record_every_attempt_with_the_same_key(saga: Saga) -> None:
+    plan = saga.load(chain({"id": "a", "tool": "act", "args": {"fail_times": 2},
+                            "retry": {"max_attempts": 3, "delay": 0.01, "jitter": 0}}))
+    run = saga.run(plan)
+    assert run.status == "completed"
+    events = saga.history(run.run_id)
+    started = [e["payload"] for e in events if e["type"] == "StepStarted"]
+    assert [s["attempt"] for s in started] == [1, 2, 3]
+    failed = [e["payload"] for e in events if e["type"] == "StepFailed"]
+    assert [f["retryable"] for f in failed] == [True, True]
+    assert all(f["next_retry_at"] for f in failed)
+    assert {c["key"] for c in calls("act")} == {f"{run.run_id}:a:0"}
+    assert [c["attempt"] for c in calls("act")] == [1, 2, 3]
+
+
+def test_retry_count_means_retries_not_attempts(saga: Saga) -> None:
+    plan = saga.load(chain({"id": "a", "tool": "act", "args": {"fail": True},
+                            "retry_count": 2}),)
+    run = saga.run(plan)
+    assert run.status == "failed"
+    assert len(calls("act")) == 3
+    last = [e for e in saga.history(run.run_id) if e["type"] == "StepFailed"][-1]["payload"]
+    assert last["retryable"] is False and last["next_retry_at"] is None
+
+
+def test_non_retryable_error_is_not_retried(saga: Saga) -> None:
+    plan = saga.load(chain({"id": "a", "tool": "act", "args": {"fail": True,
+                                                               "error_type": "Forbidden"},
+                            "retry": {"max_attempts": 5, "delay": 0.01,
+                                      "non_retryable": ["Forbidden"]}}))
+    assert saga.run(plan).status == "failed"
+    assert len(calls("act")) == 1
+
+
+def test_timeout_cancels_the_attempt_and_is_recorded(saga: Saga) -> None:
+    plan = saga.load(chain({"id": "slow", "tool": "sleep", "args": {"seconds": 5},
+                            "timeout_ms": 50}))
+    run = saga.run(plan)
+    assert run.status == "failed"
+    failed = [e for e in saga.history(run.run_id) if e["type"] == "StepFailed"]
+    assert failed[0]["payload"]["error_type"] == "timeout"
+    assert run.error["type"] == "timeout"
+
+
+def _saga_steps(n: int, fail_at: int, compensate_fail: bool = False) -> list[dict[str, Any]]:
+    steps = []
+    for i in range(n):
+        steps.append({"id": f"s{i}", "tool": "act",
+                      "args": {"value": i, "fail": i == fail_at},
+                      "compensate": {"tool": "undo", "args": {
+                          "what": "{{ output.value }}", "fail": compensate_fail and i == 1}}})
+    return steps
+
+
+def test_fail_fast_compensates_in_reverse_completion_order_once(saga: Saga) -> None:
+    run = saga.run(saga.load(chain(*_saga_steps(4, fail_at=3))))
+    assert run.status == "compensated"
+    assert [c["params"]["what"] for c in calls("undo")] == [2, 1, 0]
+    assert [c["key"] for c in calls("undo")][0] == f"{run.run_id}:s2:0:compensate"
+    events = saga.history(run.run_id)
+    started = [e for e in events if e["type"] == "CompensationStarted"]
+    assert started[0]["payload"]["steps"] == ["s2", "s1", "s0"]
+    assert [e["step_id"] for e in events if e["type"] == "StepCompensated"] == ["s2", "s1", "s0"]
+    assert types(saga, run.run_id)[-1] == "RunCompensated"
+    assert run.failed_step == "s3"
+    assert {k: s["status"] for k, s in run.steps.items()} == {
+        "s0": "compensated", "s1": "compensated", "s2": "compensated", "s3": "failed"}
+
+
+def test_a_failed_compensation_leaves_the_run_failed_after_the_rest(saga: Saga) -> None:
+    run = saga.run(saga.load(chain(*_saga_steps(4, fail_at=3, compensate_fail=True))))
+    assert run.status == "failed"
+    assert [c["params"]["what"] for c in calls("undo")] == [2, 1, 0]
+    assert run.error["compensation_failed"] == ["s1"]
+    assert "CompensationFailed" in types(saga, run.run_id)
+
+
+def test_without_rollback_a_failure_just_fails(saga: Saga) -> None:
+    run = saga.run(saga.load(chain(*_saga_steps(3, fail_at=2),
+                                   error_handling={"rollback_on_failure": False})))
+    assert run.status == "failed"
+    assert not calls("undo")
+    assert "CompensationStarted" not in types(saga, run.run_id)
+
+
+def test_rollback_strategy_compensates_even_without_rollback_flag(saga: Saga) -> None:
+    run = saga.run(saga.load(chain(*_saga_steps(3, fail_at=2), error_handling={
+        "rollback_on_failure": False, "failure_strategy": "rollback"})))
+    assert run.status == "compensated"
+    assert [c["params"]["what"] for c in calls("undo")] == [1, 0]
+
+
+def test_partial_success_finishes_independent_work(saga: Saga) -> None:
+    plan = saga.load({"name": "p", "error_handling": {"failure_strategy": "partial_success",
+                                                      "rollback_on_failure": False},
+                      "steps": [
+                          {"id": "bad", "tool": "act", "args": {"fail": True}, "depends_on": []},
+                          {"id": "after_bad", "tool": "act", "depends_on": ["bad"]},
+                          {"id": "good", "tool": "act", "args": {"value": 1}, "depends_on": []},
+                          {"id": "after_good", "tool": "act", "depends_on": ["good"]},
+                      ]})
+    run = saga.run(plan)
+    assert run.status == "failed"
+    assert run.steps["after_bad"]["status"] == "skipped"
+    assert "upstream" in run.steps["after_bad"]["reason"]
+    assert run.steps["after_good"]["status"] == "completed"
+    assert set(run.outputs) == {"good", "after_good"}
+
+
+def test_fail_fast_starts_nothing_new_after_a_failure(saga: Saga) -> None:
+    plan = saga.load({"name": "f", "error_handling": {"rollback_on_failure": False},
+                      "steps": [
+                          {"id": "bad", "tool": "act", "args": {"fail": True}, "depends_on": []},
+                          {"id": "slow", "tool": "block", "args": {"seconds": 0.3},
+                           "depends_on": []},
+                          {"id": "after_slow", "tool": "act", "depends_on": ["slow"]},
+                      ]})
+    run = saga.run(plan)
+    assert run.status == "failed"
+    assert run.steps["slow"]["status"] == "completed"  # was already running: it finishes
+    assert "after_slow" not in run.steps
+    assert not [c for c in calls("act") if c["step"] == "after_slow"]
+
+
+def test_retry_strategy_retries_with_backoff(saga: Saga) -> None:
+    plan = saga.load(chain({"id": "a", "tool": "act", "args": {"fail_times": 1}},
+                           error_handling={"failure_strategy": "retry", "max_retries": 1}))
+    run = saga.run(plan)
+    assert run.status == "completed"
+    assert [c["attempt"] for c in calls("act")] == [1, 2]
+
+
+def test_on_error_continue_keeps_going(saga: Saga) -> None:
+    plan = saga.load(chain({"id": "a", "tool": "act", "args": {"fail": True},
+                            "on_error": "continue"},
+                           {"id": "b", "tool": "act", "when": "a is None"}))
+    run = saga.run(plan)
+    assert run.status == "completed"
+    assert run.steps["a"]["status"] == "failed"
+    assert run.steps["b"]["status"] == "completed"
+
+
+def test_on_error_retry_n(saga: Saga) -> None:
+    plan = saga.load(chain({"id": "a", "tool": "act", "args": {"fail_times": 2},
+                            "on_error": "retry:2"}))
+    assert saga.run(plan).status == "completed"
+    assert len(calls("act")) == 3
+
+
+def test_skips_do_not_cascade(saga: Saga) -> None:
+    plan = saga.load(chain(
+        {"id": "maybe", "tool": "echo", "args": {"x": 1}, "when": "inputs.go"},
+        {"id": "always", "tool": "echo", "args": {"prev": "{{ maybe }}"}},
+        {"id": "only_if", "tool": "echo", "args": {}, "when": "maybe and maybe.x == 1"},
+    ))
+    run = saga.run(plan, {"go": False})
+    assert run.steps["maybe"] == run.steps["maybe"] | {"status": "skipped",
+                                                       "reason": "condition false"}
+    assert run.steps["always"]["output"] == {"prev": None}
+    assert run.steps["only_if"]["status"] == "skipped"
+    run = saga.run(plan, {"go": True})
+    assert run.steps["only_if"]["status"] == "completed"
+
+
+def test_whole_value_templates_keep_types(saga: Saga) -> None:
+    plan = saga.load(chain({"id": "a", "tool": "echo", "args": {"n": 3, "l": [1, 2]}},
+                           {"id": "b", "tool": "echo", "args": {"whole": "{{ a }}",
+                                                               "n": "{{ a.n }}",
+                                                               "text": "n={{ a.n }}"}}))
+    run = saga.run(plan)
+    assert run.steps["b"]["output"] == {"whole": {"n": 3, "l": [1, 2]}, "n": 3, "text": "n=3"}
+
+
+def test_a_missing_reference_at_run_time_fails_the_step_with_its_path(saga: Saga) -> None:
+    plan = saga.load(chain({"id": "a", "tool": "echo", "args": {"n": 3}},
+                           {"id": "b", "tool": "echo", "args": {"x": "{{ a.missing }}"}}))
+    run = saga.run(plan)
+    assert run.status == "failed"
+    assert run.steps["b"]["error"]["type"] == "ExpressionError"
+    assert "missing" in run.steps["b"]["error"]["message"]
+
+
+def test_parallel_levels_overlap_in_time(saga: Saga) -> None:
+    plan = saga.load({"name": "par", "steps": [
+        {"id": f"p{i}", "tool": "block", "args": {"seconds": 0.4}, "depends_on": []}
+        for i in range(3)]})
+    assert saga.run(plan).status == "completed"
+    spans = sorted((c["start"], c["end"]) for c in calls("block"))
+    assert len(spans) == 3
+    assert max(s for s, _ in spans) < min(e for _, e in spans)  # all three were running at once
+
+
+def test_max_concurrency_bounds_parallelism(saga: Saga) -> None:
+    plan = saga.load({"name": "par", "max_concurrency": 1, "steps": [
+        {"id": f"p{i}", "tool": "block", "args": {"seconds": 0.1}, "depends_on": []}
+        for i in range(3)]})
+    assert saga.run(plan).status == "completed"
+    spans = sorted((c["start"], c["end"]) for c in calls("block"))
+    assert all(spans[i][1] <= spans[i + 1][0] for i in range(2))
+
+
+def test_compute_steps_run_in_the_sandbox(saga: Saga) -> None:
+    plan = saga.load(chain(
+        {"id": "pods", "tool": "echo", "args": {"items": [
+            {"name": "a", "status": "Running"}, {"name": "b", "status": "Crash"}]}},
+        {"id": "analyze", "compute": "items = pods['items']\n"
+                                     "bad = [p['name'] for p in items if p['status'] != 'Running']\n"
+                                     "result = {'unhealthy': bad, 'n': len(items)}",
+         "output": "analysis"},
+        {"id": "restart", "tool": "echo", "args": {"pods": "{{ analysis.unhealthy }}"},
+         "when": "analysis.n > 0"}))
+    run = saga.run(plan)
+    assert run.steps["restart"]["output"] == {"pods": ["b"]}
+
+
+def test_the_definition_is_recorded_normalised_with_its_hash(saga: Saga) -> None:
+    plan = saga.load(chain({"id": "a", "tool": "echo", "args": {"x": 1}}))
+    run = saga.run(plan)
+    started = saga.history(run.run_id)[0]
+    assert started["type"] == "RunStarted"
+    assert started["payload"]["definition"]["steps"][0]["parameters"] == {"x": 1}
+    assert started["payload"]["definition_hash"] == plan.definition.digest()
+    assert started["payload"]["context"]["actor"] == "tester"
+    json.dumps(saga.history(run.run_id))  # every payload is plain JSON
+
+
+def test_a_step_transition_is_one_commit(saga: Saga) -> None:
+    plan = saga.load(chain(*[{"id": f"s{i}", "tool": "noop"} for i in range(5)]))
+    commits: list[int] = []
+    run = saga.run(plan, on_events=lambda r, events: commits.append(len(events)))
+    assert run.status == "completed"
+    # RunStarted+StepStarted, then one commit per completion (with the next start),
+    # the last one carrying RunCompleted.
+    assert len(commits) == 6
+    assert sum(commits) == len(saga.history(run.run_id)) == 12
+
+
+def test_runs_are_listed_newest_first(saga: Saga) -> None:
+    plan = saga.load(chain({"id": "a", "tool": "noop"}))
+    first, second = saga.run(plan), saga.run(plan)
+    listed = [r["run_id"] for r in saga.list_runs()]
+    assert listed[:2] == [second.run_id, first.run_id]
+    assert saga.list_runs(status="failed") == []
