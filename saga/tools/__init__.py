@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import os
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -120,7 +122,13 @@ def tool(name: str, *, compensate: ToolFunc | None = None,
 
 
 def import_modules(modules: Iterable[str]) -> None:
-    """Import modules of tools (their ``@tool`` decorators register them)."""
+    """Import modules of tools (their ``@tool`` decorators register them).
+
+    The working directory is importable, as it is for ``python -m``, so ``--tools mytools``
+    finds ``./mytools.py`` when saga runs from its console script.
+    """
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
     for module in modules:
         module = module.strip()
         if not module:

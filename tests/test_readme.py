@@ -1,0 +1,113 @@
+"""The README's examples, pasted as a user would: files written, commands run."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def named_blocks() -> dict[str, str]:
+    """Fenced blocks whose first line is a comment naming a file (``# deploy.yaml``)."""
+    blocks = {}
+    for body in re.findall(r"```(?:yaml|python|toml)\n(.*?)```", README, re.S):
+        first = body.splitlines()[0]
+        match = re.match(r"#\s*(\S+\.(?:yaml|py|toml))$", first)
+        if match:
+            blocks[match.group(1)] = body
+    return blocks
+
+
+def saga_cmd() -> list[str]:
+    exe = shutil.which("saga", path=str(Path(sys.executable).parent))
+    return [exe] if exe else [sys.executable, "-m", "saga.cli"]
+
+
+def sh(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "SAGA_HOME": str(cwd / ".saga"), **env}
+    full_env.pop("SAGA_DATABASE_URL", None)
+    return subprocess.run(saga_cmd() + args, cwd=cwd, env=full_env, capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    for name, body in named_blocks().items():
+        (tmp_path / name).write_text(body, encoding="utf-8")
+    return tmp_path
+
+
+def test_the_readme_names_its_example_files() -> None:
+    assert {"deploy.yaml", "mytools.py", "saga.toml"} <= set(named_blocks())
+
+
+def test_quick_start_runs_and_compensates(workdir: Path) -> None:
+    template = str(ROOT / "templates" / "quickstart.yaml")
+    ok = sh(["run", template], workdir)
+    assert ok.returncode == 0, ok.stderr
+    assert "completed" in ok.stdout
+    bad = sh(["run", template, "--input", "fail_at=ship"], workdir)
+    assert bad.returncode == 1
+    assert "compensated" in bad.stdout
+    listed = json.loads(sh(["list", "--json"], workdir).stdout)
+    assert [r["status"] for r in listed] == ["compensated", "completed"]
+    history = sh(["history", listed[0]["run_id"]], workdir)
+    assert "CompensationStarted" in history.stdout and "RunCompensated" in history.stdout
+
+
+def test_the_deploy_example(workdir: Path) -> None:
+    validated = sh(["validate", "deploy.yaml"], workdir)
+    assert validated.returncode == 0, validated.stderr
+    assert "critical path: backup -> migrate -> scale" in validated.stdout
+    ran = sh(["run", "deploy.yaml", "--input", "service=api", "--input", "replicas=3",
+              "--json"], workdir)
+    assert ran.returncode == 0, ran.stderr
+    result = json.loads(ran.stdout)
+    assert result["status"] == "completed"
+    assert result["outputs"] == {"snapshot": "snap-api", "replicas": 3}
+
+
+def test_the_approval_example(workdir: Path) -> None:
+    ran = sh(["run", str(ROOT / "tests/seeds/002_start_work.yaml"), "--tools",
+              "tests.tools.standins", "--input", "issue_key=AAP-12345", "--json"], workdir,
+             PYTHONPATH=str(ROOT))
+    assert ran.returncode == 0, ran.stderr
+    run_id = json.loads(ran.stdout)["run_id"]
+    assert json.loads(ran.stdout)["status"] == "waiting"
+    approved = sh(["approve", run_id, "create_branch", "--comment", "go ahead"], workdir)
+    assert approved.returncode == 0, approved.stderr
+    resumed = sh(["resume", run_id, "--tools", "tests.tools.standins", "--json"], workdir,
+                 PYTHONPATH=str(ROOT))
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["status"] == "completed"
+
+
+def test_own_tools_via_saga_toml_and_the_python_api(workdir: Path) -> None:
+    (workdir / "users.yaml").write_text(
+        "name: users\nsteps:\n  - id: make\n    tool: create_user\n    args: {name: ada}\n")
+    listed = sh(["tools", "--json"], workdir)
+    assert "create_user" in {t["name"] for t in json.loads(listed.stdout)}
+    ran = sh(["run", "users.yaml", "--json"], workdir)
+    assert ran.returncode == 0, ran.stderr
+    output = json.loads(ran.stdout)["steps"]["make"]["output"]
+    assert output["user"] == "ada" and output["attempt"] == 1
+    api_block = re.search(r"```python\n(from saga import Saga\n.*?)```", README, re.S)
+    assert api_block is not None
+    script = api_block.group(1).replace('"deploy.yaml"', '"deploy.yaml"')
+    (workdir / "api_example.py").write_text(script)
+    env = {**os.environ, "SAGA_HOME": str(workdir / ".saga")}
+    env.pop("SAGA_DATABASE_URL", None)
+    out = subprocess.run([sys.executable, "api_example.py"], cwd=workdir, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("completed {'snapshot': 'snap-api', 'replicas': 2}")
+    assert "RunCompleted" in out.stdout
