@@ -65,8 +65,8 @@ class Saga:
     def load(self, source: str | Path | Mapping[str, Any]) -> Plan:
         """Load and validate a composition (a file path or raw data) into a plan."""
         if isinstance(source, Mapping):
-            return compile_plan(dict(source), tools=self.registry.names())
-        return compile_plan(load_file(source), tools=self.registry.names(), source=str(source))
+            return compile_plan(dict(source), tools=self.registry.tools())
+        return compile_plan(load_file(source), tools=self.registry.tools(), source=str(source))
 
     def start(self, plan: Plan | str | Path, inputs: Mapping[str, Any] | None = None, *,
               actor: str | None = None, labels: Mapping[str, str] | None = None,

@@ -84,16 +84,27 @@ class RetryPolicy(_Model):
 
 
 class ToolCall(_Model):
-    """A tool and its (templated) parameters; the shape of a step's compensation."""
+    """A tool and its (templated) parameters; the shape of a step's compensation.
 
-    tool: str
+    ``compensate: true`` on a step means "the step tool's own compensation", called with
+    the step's recorded parameters and output; it is stored as a call with no tool.
+    """
+
+    tool: str | None = None
     parameters: dict[str, Any] = Field(default_factory=dict, alias="args")
     timeout_ms: int | None = Field(default=None, gt=0)
 
     @model_validator(mode="before")
     @classmethod
     def _from_name(cls, data: Any) -> Any:
+        if data is True:
+            return {}
         return {"tool": data} if isinstance(data, str) else data
+
+    @property
+    def uses_tool_compensation(self) -> bool:
+        """True when the step's own tool provides the compensation."""
+        return self.tool is None
 
 
 class Step(_Model):
@@ -117,6 +128,11 @@ class Step(_Model):
     parallel_group: str | int | None = None
     confirm: bool | str | None = None
 
+    @field_validator("compensate", mode="before")
+    @classmethod
+    def _no_compensation(cls, value: Any) -> Any:
+        return None if value is False else value
+
     @field_validator("on_error")
     @classmethod
     def _on_error_form(cls, value: str) -> str:
@@ -130,6 +146,9 @@ class Step(_Model):
             raise ValueError("a step needs exactly one of 'tool' or 'compute'")
         if self.compute is not None and self.parameters:
             raise ValueError("a compute step takes no parameters")
+        if self.compensate is not None and self.compensate.tool is None and self.tool is None:
+            raise ValueError("'compensate: true' needs a tool step (it uses the tool's own "
+                             "compensation)")
         return self
 
     @property

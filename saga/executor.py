@@ -10,6 +10,7 @@ Clock, sleep and jitter are injected so tests can replace them.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import time
@@ -24,7 +25,7 @@ import tenacity
 from saga import expressions, scheduler
 from saga.application import SagaApplication
 from saga.definition import RetryPolicy, Step
-from saga.domain import Run, idempotency_key
+from saga.domain import Run, idempotency_key, step_key
 from saga.errors import ExpressionError, ToolError
 from saga.plan import Plan, compile_plan
 from saga.scheduler import (
@@ -272,10 +273,16 @@ class _Drive:
         assert step.compensate is not None
         timeout = step.compensate.timeout_ms / 1000 if step.compensate.timeout_ms else None
         started = time.monotonic()
-        fake = StartStep(action.step_id, action.iteration, 1, action.parameters)
+        call = StartStep(action.step_id, action.iteration, 1, action.parameters)
         try:
-            output = await self._call_tool(action.tool, action.parameters, fake, timeout,
-                                           suffix=":compensate")
+            if action.tool is None:
+                assert step.tool is not None
+                recorded = self.run.steps[step_key(action.step_id, action.iteration)]["output"]
+                output = await self._call_tool(step.tool, action.parameters, call, timeout,
+                                               suffix=":compensate", own_output=(recorded,))
+            else:
+                output = await self._call_tool(action.tool, action.parameters, call, timeout,
+                                               suffix=":compensate")
             _check_json(output)
         except Exception as e:
             return _failure("compensation", action.step_id, action.iteration, 1, e, timeout,
@@ -284,8 +291,15 @@ class _Drive:
                        duration_ms=_ms(started))
 
     async def _call_tool(self, name: str, parameters: Any, action: StartStep,
-                         timeout: float | None, suffix: str = "") -> Any:
+                         timeout: float | None, suffix: str = "",
+                         own_output: tuple[Any] | None = None) -> Any:
+        """Call a tool (or, with ``own_output``, the tool's own compensation)."""
         tool = self.x.registry.get(name)
+        func = tool.func
+        if own_output is not None:
+            if tool.compensate is None:
+                raise ToolError(f"tool {name!r} has no compensation", retryable=False)
+            func = _bind_output(tool.compensate, own_output[0])
         run_id = self.run.run_id
         ctx = ToolContext(
             run_id=run_id, step_id=action.step_id, iteration=action.iteration,
@@ -295,12 +309,25 @@ class _Drive:
             logger=logging.getLogger(f"saga.tool.{name}"),
         )
         params = parameters if isinstance(parameters, dict) else {"value": parameters}
-        call = tool.func(params, ctx) if tool.is_async else self._in_thread(tool.func, params, ctx)
+        is_async = inspect.iscoroutinefunction(func)
+        call = func(params, ctx) if is_async else self._in_thread(func, params, ctx)
         return await asyncio.wait_for(call, timeout) if timeout else await call
 
     async def _in_thread(self, func: Callable[..., Any], *args: Any) -> Any:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.x._pool, func, *args)
+
+
+def _bind_output(compensate: Callable[..., Any], output: Any) -> Callable[..., Any]:
+    """A tool's own compensation ``(params, output, ctx)`` as a ``(params, ctx)`` call."""
+    if inspect.iscoroutinefunction(compensate):
+        async def call_async(params: Any, ctx: ToolContext) -> Any:
+            return await compensate(params, output, ctx)
+        return call_async
+
+    def call(params: Any, ctx: ToolContext) -> Any:
+        return compensate(params, output, ctx)
+    return call
 
 
 def _default_policy(plan: Plan) -> RetryPolicy:

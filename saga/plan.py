@@ -9,7 +9,7 @@ cycles, references to steps that are not upstream, unknown tools) together.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,13 +76,17 @@ def _expected_ms(step: Step) -> float:
     return float(step.timeout_seconds * 1000) if step.timeout_seconds else 1.0
 
 
-def compile_plan(data: dict[str, Any] | Definition, *, tools: Collection[str] | None = None,
+def compile_plan(data: dict[str, Any] | Definition, *,
+                 tools: Collection[str] | Mapping[str, Any] | None = None,
                  source: str | None = None) -> Plan:
     """Compile raw definition data into a Plan, or raise DefinitionError with every problem.
 
     Args:
         data: the composition as loaded from YAML/JSON, or an already built Definition.
-        tools: names of available tools; when given, unknown tools are problems.
+        tools: the available tools, by name; when given, unknown tools are problems. When
+            a mapping, its values may offer ``compensate`` (the tool's own compensation)
+            and ``check_parameters(params) -> list[str]`` (the tool's parameter schema),
+            and both are checked here, before anything runs.
         source: a file name to mention in the error.
     """
     if isinstance(data, Definition):
@@ -177,9 +181,7 @@ def _semantic_problems(definition: Definition, graph: nx.DiGraph,
     for i, step in enumerate(definition.steps):
         where = f"steps[{i}]"
         if tools is not None:
-            for path, name in _tool_names(step):
-                if name not in tools:
-                    problems.append(Problem(f"{where}.{path}", f"unknown tool {name!r}"))
+            problems += _tool_problems(step, where, tools)
         if has_cycle or step.id not in graph:
             continue
         upstream = nx.ancestors(graph, step.id)
@@ -213,11 +215,29 @@ def _semantic_problems(definition: Definition, graph: nx.DiGraph,
     return problems
 
 
-def _tool_names(step: Step) -> Iterable[tuple[str, str]]:
-    if step.tool is not None:
-        yield "tool", step.tool
-    if step.compensate is not None:
-        yield "compensate.tool", step.compensate.tool
+def _tool_problems(step: Step, where: str,
+                   tools: Collection[str] | Mapping[str, Any]) -> list[Problem]:
+    """Unknown tools, missing own compensations, and parameters the tool's schema rejects."""
+    problems = []
+    calls = [("", step.tool, step.parameters)]
+    if step.compensate is not None and step.compensate.tool is not None:
+        calls.append(("compensate.", step.compensate.tool, step.compensate.parameters))
+    for prefix, name, params in calls:
+        if name is None:
+            continue
+        if name not in tools:
+            problems.append(Problem(f"{where}.{prefix}tool", f"unknown tool {name!r}"))
+            continue
+        check = getattr(tools[name], "check_parameters", None) if isinstance(tools, Mapping) \
+            else None
+        if check is not None:
+            problems += [Problem(f"{where}.{prefix}parameters", msg) for msg in check(params)]
+    own = step.compensate is not None and step.compensate.uses_tool_compensation
+    if own and isinstance(tools, Mapping) and step.tool in tools \
+            and getattr(tools[step.tool], "compensate", None) is None:
+        problems.append(Problem(f"{where}.compensate",
+                                f"tool {step.tool!r} has no compensation of its own"))
+    return problems
 
 
 def _step_references(step: Step, where: str,

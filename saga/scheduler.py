@@ -67,11 +67,12 @@ class StartCompensation:
 
 @dataclass(frozen=True)
 class CompensateStep:
-    """Run one step's compensation (with its parameters rendered)."""
+    """Run one step's compensation (with its parameters rendered); ``tool`` None means the
+    step tool's own compensation, called with the step's recorded parameters and output."""
 
     step_id: str
     iteration: int
-    tool: str
+    tool: str | None
     parameters: Any
     error: str | None = None
 
@@ -281,6 +282,8 @@ def _compensation(view: _View) -> list[Action]:
         assert step.compensate is not None
         names = dict(view.namespace, output=state["output"],
                      parameters=state.get("parameters"), error=view.run.error)
+        if step.compensate.uses_tool_compensation:
+            return [CompensateStep(step.id, state["iteration"], None, state.get("parameters"))]
         try:
             parameters = expressions.render(step.compensate.parameters, names)
         except ExpressionError as e:

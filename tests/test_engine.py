@@ -141,7 +141,7 @@ def test_fail_fast_compensates_in_reverse_completion_order_once(saga: Saga) -> N
     run = saga.run(saga.load(chain(*_saga_steps(4, fail_at=3))))
     assert run.status == "compensated"
     assert [c["params"]["what"] for c in calls("undo")] == [2, 1, 0]
-    assert [c["key"] for c in calls("undo")][0] == f"{run.run_id}:s2:0:compensate"
+    assert calls("undo")[0]["key"] == f"{run.run_id}:s2:0:compensate"
     events = saga.history(run.run_id)
     started = [e for e in events if e["type"] == "CompensationStarted"]
     assert started[0]["payload"]["steps"] == ["s2", "s1", "s0"]
@@ -326,3 +326,21 @@ def test_runs_are_listed_newest_first(saga: Saga) -> None:
     listed = [r["run_id"] for r in saga.list_runs()]
     assert listed[:2] == [second.run_id, first.run_id]
     assert saga.list_runs(status="failed") == []
+
+
+def test_compensate_true_uses_the_tools_own_compensation(saga: Saga) -> None:
+    plan = saga.load(chain({"id": "save", "tool": "checkpoint_save",
+                            "args": {"tags": ["x"]}, "compensate": True},
+                           {"id": "boom", "tool": "act", "args": {"fail": True}}))
+    run = saga.run(plan)
+    assert run.status == "compensated"
+    deleted = calls("checkpoint_delete")
+    assert len(deleted) == 1 and deleted[0]["params"] == {"tags": ["x"]}
+    assert deleted[0]["key"] == f"{run.run_id}:save:0:compensate"
+
+
+def test_compensate_true_needs_a_tool_with_a_compensation(saga: Saga) -> None:
+    from saga.errors import DefinitionError
+
+    with pytest.raises(DefinitionError, match="has no compensation of its own"):
+        saga.load(chain({"id": "a", "tool": "echo", "compensate": True}))

@@ -81,6 +81,10 @@ class Registry:
         except KeyError:
             raise UnknownToolError(f"unknown tool {name!r}") from None
 
+    def tools(self) -> dict[str, Tool]:
+        """Every registered tool by name (what validation checks steps against)."""
+        return dict(self._tools)
+
     def names(self) -> set[str]:
         """Every registered tool name."""
         return set(self._tools)
