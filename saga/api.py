@@ -12,16 +12,22 @@ Everything the CLI does goes through :class:`Saga`, so a program can do it too::
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from saga import replay
 from saga.application import SagaApplication, open_app
 from saga.config import Settings, load_settings
+from saga.database import Database
 from saga.definition import load_file, resolve_inputs
 from saga.domain import Run
-from saga.errors import RunStateError
+from saga.errors import ConcurrentWriteError, RunStateError
 from saga.executor import EventHook, Executor
 from saga.plan import Plan, compile_plan
+from saga.recovery import Leases, Worker, default_worker_id, wait_for_lease
+from saga.replay import Divergence
+from saga.scheduler import compensation_order
 from saga.tools import Registry, load_registry
 
 
@@ -34,7 +40,9 @@ class Saga:
         self._tool_modules = tuple(self.settings.tools) + tuple(tools)
         self._registry = registry
         self._app: SagaApplication | None = None
-        self.worker = worker
+        self._db: Database | None = None
+        self._leases: Leases | None = None
+        self.worker = worker or default_worker_id()
 
     def __enter__(self) -> Saga:
         return self
@@ -56,11 +64,27 @@ class Saga:
             self._app = open_app(self.settings)
         return self._app
 
+    @property
+    def leases(self) -> Leases:
+        """The run leases of this store (the table is created on first use)."""
+        if self._leases is None:
+            self.app  # noqa: B018 - the store (and its schema) exists before its side tables
+            self._db = Database(self.settings)
+            self._leases = Leases(self._db)
+        return self._leases
+
     def close(self) -> None:
         """Release the store."""
+        if self._db is not None:
+            self._db.close()
+            self._db, self._leases = None, None
         if self._app is not None:
             self._app.close()
             self._app = None
+
+    def executor(self, on_events: EventHook | None = None) -> Executor:
+        """An executor over this store and registry."""
+        return Executor(self.app, self.registry, worker=self.worker, on_events=on_events)
 
     def load(self, source: str | Path | Mapping[str, Any]) -> Plan:
         """Load and validate a composition (a file path or raw data) into a plan."""
@@ -92,20 +116,109 @@ class Saga:
         run = self.start(plan, inputs, **kwargs)
         return self.drive(run, on_events=on_events)
 
-    def drive(self, run: Run, *, on_events: EventHook | None = None) -> Run:
-        """Drive a run (new or loaded) until it finishes or waits."""
-        executor = Executor(self.app, self.registry, worker=self.worker, on_events=on_events)
+    def drive(self, run: Run, *, on_events: EventHook | None = None,
+              wait: float | None = None) -> Run:
+        """Drive a run (new or loaded) here until it finishes or waits, holding its lease
+        (waiting up to ``wait`` seconds, default one lease length, for another holder)."""
+        seconds = self.settings.lease_seconds
+        lease = wait_for_lease(self.leases, run.run_id, self.worker, seconds,
+                               seconds if wait is None else wait)
+        executor = self.executor(on_events)
         try:
-            return executor.drive(run)
+            if run.version > 0 and run.pending_events == []:
+                run = self.get(run.run_id)  # what the last holder left, now that we hold it
+            return executor.drive(run, lease)
         finally:
             executor.close()
+            lease.release()
 
     def resume(self, run_id: str, *, on_events: EventHook | None = None) -> Run:
-        """Continue a recorded run that is not finished (e.g. after an approval)."""
+        """Continue a recorded run that is not finished: after an approval, or after the
+        process driving it died (its interrupted attempts are handled per step)."""
         run = self.get(run_id)
         if run.is_finished:
             raise RunStateError(f"run {run_id} already ended {run.status}")
         return self.drive(run, on_events=on_events)
+
+    def retry(self, run_id: str, *, actor: str | None = None,
+              on_events: EventHook | None = None) -> Run:
+        """Redrive a failed run from its failed steps, keeping completed work."""
+        def record(run: Run) -> None:
+            if run.status != "failed" or run.compensation is not None:
+                raise RunStateError(f"run {run_id} is {run.status}; only a failed run whose "
+                                    "steps were not compensated can be retried")
+            keys = [k for k, s in run.steps.items() if s["status"] == "failed"
+                    or (s["status"] == "skipped" and "upstream" in (s.get("reason") or ""))]
+            run.retry(actor or self.settings.actor, keys)
+        return self._command(run_id, record, on_events)
+
+    def compensate(self, run_id: str, *, actor: str | None = None, reason: str | None = None,
+                   on_events: EventHook | None = None) -> Run:
+        """Undo a run's completed steps (those that declare a compensation)."""
+        return self._undo(run_id, actor, reason or "compensation requested", False, on_events)
+
+    def cancel(self, run_id: str, *, actor: str | None = None, reason: str | None = None,
+               on_events: EventHook | None = None) -> Run:
+        """Cancel an unfinished run: undo its completed steps, then record RunCancelled."""
+        return self._undo(run_id, actor, reason or "cancelled", True, on_events)
+
+    def _undo(self, run_id: str, actor: str | None, reason: str, cancel: bool,
+              on_events: EventHook | None) -> Run:
+        who = actor or self.settings.actor
+
+        def record(run: Run) -> None:
+            allowed = ("running", "waiting") if cancel else ("running", "waiting", "failed",
+                                                             "completed")
+            if run.status not in allowed or (run.compensation is not None
+                                             and run.status == "failed"):
+                raise RunStateError(f"run {run_id} is {run.status}; cannot "
+                                    f"{'cancel' if cancel else 'compensate'} it")
+            order = compensation_order(self.executor().plan_for(run), run)
+            run.start_compensation(f"{reason} (by {who})", order, who, cancel)
+        return self._command(run_id, record, on_events)
+
+    def _command(self, run_id: str, record: Any, on_events: EventHook | None) -> Run:
+        """Append a command's event (reloading on a concurrent write), then drive the run."""
+        for _ in range(5):
+            run = self.get(run_id)
+            record(run)
+            try:
+                self.app.save_run(run)
+                break
+            except ConcurrentWriteError:
+                continue
+        else:
+            raise ConcurrentWriteError(run_id)
+        return self.drive(self.get(run_id), on_events=on_events)
+
+    def events(self, run_id: str) -> list[Any]:
+        """The run's domain events, in order."""
+        return self.app.domain_events(run_id)
+
+    def verify(self, run_id: str) -> Divergence | None:
+        """Replay the run's history through the current scheduler; the first divergence."""
+        return replay.verify(self.events(run_id))
+
+    def state_at(self, run_id: str, at: str) -> Run:
+        """The run as it was at a version number or an ISO timestamp."""
+        events = self.events(run_id)
+        if at.isdigit():
+            chosen = [e for e in events if e.originator_version <= int(at)]
+        else:
+            try:
+                moment = datetime.fromisoformat(at)
+            except ValueError:
+                raise RunStateError(f"--at {at!r} is neither a version nor an ISO time") from None
+            if moment.tzinfo is None:
+                moment = moment.replace(tzinfo=UTC)
+            chosen = [e for e in events if e.timestamp <= moment]
+        if not chosen:
+            raise RunStateError(f"run {run_id} did not exist yet at {at}")
+        return replay.state_at(chosen)
+
+    def worker_loop(self, **kwargs: Any) -> Worker:
+        """A worker over this store (see :class:`saga.recovery.Worker`)."""
+        return Worker(self, **kwargs)
 
     def get(self, run_id: str, version: int | None = None) -> Run:
         """The run as recorded."""

@@ -133,6 +133,57 @@ def run(file: str, pairs: tuple[str, ...], inputs_file: str | None, actor: str |
 
 
 @main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--input", "-i", "pairs", multiple=True, metavar="KEY=VALUE",
+              help="An input value (repeatable); typed by the input's declared type.")
+@click.option("--inputs-file", type=click.Path(dir_okay=False), help="Inputs as JSON/YAML.")
+@click.option("--actor", help="Who is submitting this (default: SAGA_ACTOR or the OS user).")
+@tools_option
+@json_option
+@_handle_errors
+def submit(file: str, pairs: tuple[str, ...], inputs_file: str | None, actor: str | None,
+           tools: tuple[str, ...], as_json: bool) -> None:
+    """Record a run of FILE without executing it; a worker will pick it up."""
+    saga = _saga(tools)
+    plan = saga.load(file)
+    inputs = _parse_inputs(pairs, inputs_file, {s.name: s for s in plan.definition.inputs})
+    run = saga.submit(plan, inputs, actor=actor)
+    if as_json:
+        _emit_json({"run_id": run.run_id, "status": run.status, "name": run.name})
+    else:
+        click.echo(run.run_id)
+
+
+@main.command()
+@click.option("--concurrency", type=click.IntRange(1, 256), default=4, show_default=True,
+              help="Runs driven at once.")
+@click.option("--until-idle", is_flag=True, help="Exit when nothing is runnable.")
+@click.option("--id", "worker_id", help="This worker's name (default host:pid).")
+@click.option("--lease", "lease_seconds", type=click.FloatRange(0.5, 3600),
+              help="Lease length in seconds (default SAGA_LEASE_SECONDS or 30).")
+@click.option("--poll", type=click.FloatRange(0.05, 60), default=0.5, show_default=True,
+              help="Seconds between looks for new work.")
+@tools_option
+@_handle_errors
+def worker(concurrency: int, until_idle: bool, worker_id: str | None,
+           lease_seconds: float | None, poll: float, tools: tuple[str, ...]) -> None:
+    """Claim runnable runs and drive them (new, interrupted, approved, redriven)."""
+    import signal
+
+    saga = _saga(tools)
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    w = saga.worker_loop(worker_id=worker_id, concurrency=concurrency, poll_interval=poll,
+                         lease_seconds=lease_seconds or saga.settings.lease_seconds)
+    click.echo(f"worker {w.worker_id} on {saga.settings.store_description}", err=True)
+    try:
+        driven = w.run(until_idle=until_idle, stop=lambda: bool(stopping))
+    except KeyboardInterrupt:
+        driven = w.driven
+    click.echo(f"worker {w.worker_id} stopped after {driven} drives", err=True)
+
+
+@main.command()
 @click.argument("run_id")
 @tools_option
 @json_option
@@ -145,13 +196,84 @@ def resume(run_id: str, tools: tuple[str, ...], as_json: bool) -> None:
     _finish(result, as_json)
 
 
-def _finish(run: Run, as_json: bool) -> None:
+def _undo_command(name: str, doc: str) -> None:
+    @main.command(name=name, help=doc)
+    @click.argument("run_id")
+    @click.option("--reason", help="Why (recorded).")
+    @click.option("--actor", help="Who (default: SAGA_ACTOR or the OS user).")
+    @tools_option
+    @json_option
+    @_handle_errors
+    def command(run_id: str, reason: str | None, actor: str | None, tools: tuple[str, ...],
+                as_json: bool) -> None:
+        saga = _saga(tools)
+        with _Progress(enabled=not as_json) as progress:
+            if name == "retry":
+                result = saga.retry(run_id, actor=actor, on_events=progress.update)
+            else:
+                method = saga.cancel if name == "cancel" else saga.compensate
+                result = method(run_id, actor=actor, reason=reason, on_events=progress.update)
+        intended = {"retry": ("completed", "waiting"), "compensate": ("compensated",),
+                    "cancel": ("cancelled",)}[name]
+        _finish(result, as_json, intended)
+
+
+_undo_command("retry", "Redrive a failed run from its failed steps, keeping completed work.")
+_undo_command("compensate", "Undo a run's completed steps, in reverse completion order.")
+_undo_command("cancel", "Cancel an unfinished run: undo its completed steps, record who.")
+
+
+@main.command()
+@click.argument("run_id")
+@click.option("--verify", is_flag=True, help="Check the scheduler reproduces every decision.")
+@click.option("--at", help="Show the run as it was at a version number or an ISO time.")
+@json_option
+@_handle_errors
+def replay(run_id: str, verify: bool, at: str | None, as_json: bool) -> None:
+    """Replay a run's history: verify its decisions, or show it at a point in time."""
+    saga = _saga()
+    if not verify and at is None:
+        raise click.UsageError("give --verify or --at")
+    if at is not None:
+        summary = run_summary(saga.state_at(run_id, at))
+        _emit_json(summary) if as_json else _print_summary(summary)
+    if verify:
+        divergence = saga.verify(run_id)
+        if as_json:
+            _emit_json({"run_id": run_id, "ok": divergence is None,
+                        "divergence": None if divergence is None else {
+                            "version": divergence.version, "event": divergence.event_type,
+                            "recorded": divergence.recorded, "expected": divergence.expected}})
+        elif divergence is None:
+            click.echo(f"run {run_id}: replay reproduces every recorded decision")
+        else:
+            click.echo(f"run {run_id}: {divergence}")
+        if divergence is not None:
+            sys.exit(1)
+
+
+@main.group()
+def db() -> None:
+    """The store's tables."""
+
+
+@db.command(name="init")
+@_handle_errors
+def db_init() -> None:
+    """Create every table once (run it before starting many workers at once)."""
+    saga = _saga()
+    saga.leases  # noqa: B018 - creating the store and its side tables is the point
+    click.echo(f"initialised {saga.settings.store_description}")
+
+
+def _finish(run: Run, as_json: bool, success: tuple[str, ...] = ("completed", "waiting")) -> None:
+    """Print the run and exit: 0 when it ended as the command intended, else 1."""
     summary = run_summary(run)
     if as_json:
         _emit_json(summary)
     else:
         _print_summary(summary)
-    sys.exit(1 if run.status in ("failed", "compensated", "cancelled") else 0)
+    sys.exit(0 if run.status in success or not run.is_finished else 1)
 
 
 @main.command()

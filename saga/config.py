@@ -31,6 +31,7 @@ class Settings:
     pool_size: int = 2
     max_overflow: int = 4
     snapshot_interval: int = 100
+    lease_seconds: float = 30.0
     file: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -133,6 +134,7 @@ def load_settings(env: Mapping[str, str] | None = None, cwd: Path | None = None,
             max_overflow=int(env.get("SAGA_MAX_OVERFLOW") or database.get("max_overflow", 4)),
             snapshot_interval=int(env.get("SAGA_SNAPSHOT_INTERVAL")
                                   or data.get("snapshot_interval", 100)),
+            lease_seconds=float(env.get("SAGA_LEASE_SECONDS") or data.get("lease_seconds", 30)),
             file=data,
         )
     except ValueError as e:

@@ -125,6 +125,7 @@ class Step(_Model):
     on_error: str = "fail"
     compensate: ToolCall | None = None
     idempotent: bool = False
+    on_interrupt: Literal["retry", "fail", "compensate"] = "retry"
     parallel_group: str | int | None = None
     confirm: bool | str | None = None
 

@@ -232,11 +232,14 @@ class Run(Aggregate):
         TOPIC = "saga.CompensationStarted"
         reason: str
         steps: list[str]
+        actor: str | None = None
+        cancel: bool = False
 
         def apply(self, aggregate: Any) -> None:
             aggregate.compensation = {"reason": self.reason, "steps": list(self.steps),
-                                      "done": {}}
+                                      "done": {}, "actor": self.actor, "cancel": self.cancel}
             aggregate.status = "compensating"
+            aggregate.finished_at = None
 
     class StepCompensated(Event):
         """A completed step's compensation ran."""
@@ -266,6 +269,26 @@ class Run(Aggregate):
             aggregate.compensation["done"][key] = "failed"
             aggregate.steps[key]["compensation_error"] = {"type": self.error_type,
                                                           "message": self.message}
+
+    class RunRetried(Event):
+        """Someone redrove a failed run: its failed steps get new attempts, completed work
+        is kept."""
+
+        TOPIC = "saga.RunRetried"
+        actor: str
+        steps: list[str]
+
+        def apply(self, aggregate: Any) -> None:
+            for key in self.steps:
+                s = aggregate.steps[key]
+                if s["status"] == "failed":
+                    s.update(retry_at=_iso(self.timestamp), retryable=True)
+                else:  # skipped because something upstream failed: decide again
+                    s.update(status="pending", reason=None)
+            aggregate.status = "running"
+            aggregate.error, aggregate.failed_step, aggregate.finished_at = None, None, None
+            aggregate.outputs = None
+            aggregate.retried = getattr(aggregate, "retried", 0) + 1
 
     # -- run outcomes ------------------------------------------------------------------
 
@@ -365,9 +388,15 @@ class Run(Aggregate):
         cls = self.ApprovalGranted if approved else self.ApprovalRejected
         self.trigger_event(cls, step_id=step_id, actor=actor, comment=comment)
 
-    def start_compensation(self, reason: str, steps: list[str]) -> None:
-        """Record the start of rollback and its order."""
-        self.trigger_event(self.CompensationStarted, reason=reason, steps=steps)
+    def start_compensation(self, reason: str, steps: list[str], actor: str | None = None,
+                           cancel: bool = False) -> None:
+        """Record the start of rollback and its order (``cancel``: it ends cancelled)."""
+        self.trigger_event(self.CompensationStarted, reason=reason, steps=steps, actor=actor,
+                           cancel=cancel)
+
+    def retry(self, actor: str, steps: list[str]) -> None:
+        """Record a redrive of the given failed (and upstream-skipped) steps."""
+        self.trigger_event(self.RunRetried, actor=actor, steps=steps)
 
     def compensated(self, step_id: str, iteration: int, output: Any) -> None:
         """Record a successful compensation."""
@@ -381,10 +410,12 @@ class Run(Aggregate):
                            error_type=error_type, message=message)
 
     def finish(self, status: str, outputs: Any = None, error: dict[str, Any] | None = None,
-               failed_step: str | None = None) -> None:
-        """Record the run's outcome: completed, failed or compensated."""
+               failed_step: str | None = None, actor: str | None = None) -> None:
+        """Record the run's outcome: completed, failed, compensated or cancelled."""
         if status == "completed":
             self.trigger_event(self.RunCompleted, outputs=outputs)
+        elif status == "cancelled":
+            self.cancel(actor or "unknown", (error or {}).get("message"))
         else:
             cls = self.RunCompensated if status == "compensated" else self.RunFailed
             self.trigger_event(cls, error=error or {}, failed_step=failed_step, outputs=outputs)

@@ -128,3 +128,25 @@ class RunStateError(SagaError):
     """Raised when a command does not apply to a run in its current state."""
 
     exit_code = 2
+
+
+class LeaseLostError(SagaError):
+    """Raised when a worker's lease on a run expired and another worker took the run."""
+
+    exit_code = 5
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"lost the lease on run {run_id} to another worker")
+
+
+class LeaseHeldError(SagaError):
+    """Raised when a run is being driven by another worker (its lease has not expired)."""
+
+    exit_code = 5
+
+    def __init__(self, run_id: str, worker: str) -> None:
+        self.run_id = run_id
+        self.worker = worker
+        super().__init__(f"run {run_id} is being driven by worker {worker!r}; "
+                         "try again when its lease expires")

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import tenacity
 
@@ -26,7 +26,7 @@ from saga import expressions, scheduler
 from saga.application import SagaApplication
 from saga.definition import RetryPolicy, Step
 from saga.domain import Run, idempotency_key, step_key
-from saga.errors import ExpressionError, ToolError
+from saga.errors import ExpressionError, LeaseLostError, ToolError
 from saga.plan import Plan, compile_plan
 from saga.scheduler import (
     CompensateStep,
@@ -40,6 +40,17 @@ from saga.scheduler import (
 from saga.tools import Registry, ToolContext
 
 log = logging.getLogger("saga.executor")
+
+
+class LeaseLike(Protocol):
+    """What the executor needs of a run's lease (see :class:`saga.recovery.Lease`)."""
+
+    renew_every: float
+
+    def renew(self) -> bool:
+        """Extend the lease; False when another worker holds it now."""
+        ...
+
 EventHook = Callable[[Run, list[Any]], None]
 _DEFAULT_RETRY = RetryPolicy()
 
@@ -111,27 +122,45 @@ class Executor:
             self._plans[run.definition_hash] = plan
         return plan
 
-    def drive(self, run: Run) -> Run:
-        """Drive a run until it finishes or waits (for an approval); returns its state."""
-        return asyncio.run(self.drive_async(run))
+    def drive(self, run: Run, lease: LeaseLike | None = None) -> Run:
+        """Drive a run until it finishes or waits (for an approval); returns its state.
 
-    async def drive_async(self, run: Run) -> Run:
+        With a ``lease``, it is renewed while the run is driven, and the drive stops with
+        LeaseLostError if another worker took the run over.
+        """
+        return asyncio.run(self.drive_async(run, lease))
+
+    async def drive_async(self, run: Run, lease: LeaseLike | None = None) -> Run:
         """Async form of :meth:`drive`."""
-        return await _Drive(self, run, self.plan_for(run)).go()
+        return await _Drive(self, run, self.plan_for(run), lease).go()
 
 
 class _Drive:
     """One drive of one run: the loop of decide, record, save, perform."""
 
-    def __init__(self, executor: Executor, run: Run, plan: Plan) -> None:
+    def __init__(self, executor: Executor, run: Run, plan: Plan,
+                 lease: LeaseLike | None) -> None:
         self.x = executor
         self.run = run
         self.plan = plan
+        self.lease = lease
         self.tasks: dict[asyncio.Task[Outcome], tuple[str, str, int]] = {}
         self.timers: set[tuple[str, int]] = set()
         self.compensating: set[str] = set()
 
     async def go(self) -> Run:
+        # Whoever drives a run now is its only driver (it holds the lease), so any attempt
+        # still marked running was started by a worker that died.
+        for action in scheduler.interrupted(self.plan, self.run):
+            self._apply(action)
+        keeper = asyncio.ensure_future(self._keep_lease()) if self.lease else None
+        try:
+            return await self._loop(keeper)
+        finally:
+            for task in [*self.tasks, *([keeper] if keeper else [])]:
+                task.cancel()
+
+    async def _loop(self, keeper: asyncio.Task[None] | None) -> Run:
         while True:
             launches = self._advance()
             self._save()
@@ -139,10 +168,23 @@ class _Drive:
                 self._launch(*launch)
             if self.run.is_finished or not self.tasks:
                 return self.run
-            done, _ = await asyncio.wait(self.tasks, return_when=asyncio.FIRST_COMPLETED)
+            waiting: set[asyncio.Future[Any]] = set(self.tasks)
+            if keeper is not None:
+                waiting.add(keeper)
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            if keeper is not None and keeper in done:
+                keeper.result()  # raises LeaseLostError
             for task in done:
                 self.tasks.pop(task)
                 self._record(task.result())
+
+    async def _keep_lease(self) -> None:
+        """Renew the run's lease until the drive ends; raise when another worker took it."""
+        assert self.lease is not None
+        while True:
+            await asyncio.sleep(self.lease.renew_every)
+            if not await asyncio.get_running_loop().run_in_executor(None, self.lease.renew):
+                raise LeaseLostError(self.run.run_id)
 
     # -- deciding and recording --------------------------------------------------------
 
@@ -166,7 +208,7 @@ class _Drive:
             run.skip_step(action.step_id, action.iteration, action.reason)
         elif isinstance(action, FailStep):
             run.fail_step(action.step_id, action.iteration, action.attempt, action.error_type,
-                          action.message)
+                          action.message, action.retry_at is not None, action.retry_at)
         elif isinstance(action, RequestApproval):
             run.request_approval(action.step_id, action.message)
         elif isinstance(action, StartCompensation):
@@ -174,7 +216,8 @@ class _Drive:
         elif isinstance(action, CompensateStep):
             return self._compensate(action)
         elif isinstance(action, FinishRun):
-            run.finish(action.status, action.outputs, action.error, action.failed_step)
+            run.finish(action.status, action.outputs, action.error, action.failed_step,
+                       action.actor)
         return None
 
     def _start(self, action: StartStep) -> tuple[str, Any] | None:

@@ -8,12 +8,15 @@ cycles, references to steps that are not upstream, unknown tools) together.
 
 from __future__ import annotations
 
+import ast
 import re
+import textwrap
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import networkx as nx
+from pydantic import ValidationError
 
 from saga import expressions
 from saga.definition import Definition, Step, build
@@ -62,14 +65,13 @@ class Plan:
 
     def critical_path(self) -> list[str]:
         """The longest chain of dependent steps, weighted by each step's expected duration."""
+        start = ""  # a source before every step (never a step id), so roots count too
         weighted = nx.DiGraph()
-        weighted.add_nodes_from(self.graph.nodes)
+        for node in self.graph.nodes:
+            weighted.add_edge(start, node, weight=_expected_ms(self.step(node)))
         for u, v in self.graph.edges:
             weighted.add_edge(u, v, weight=_expected_ms(self.step(v)))
-        path = nx.dag_longest_path(weighted, weight="weight", default_weight=1)
-        if path:
-            return path
-        return [self.order[0]] if self.order else []
+        return nx.dag_longest_path(weighted, weight="weight")[1:]
 
 
 def _expected_ms(step: Step) -> float:
@@ -98,6 +100,8 @@ def compile_plan(data: dict[str, Any] | Definition, *,
     problems += [p for p in graph_problems if p not in problems]
     if definition is not None:
         problems += _semantic_problems(definition, graph, tools)
+    else:
+        problems += _step_problems(_valid_steps(raw_steps), graph, tools)
     if problems or definition is None:
         raise DefinitionError(problems, source)
     order = tuple(nx.lexicographical_topological_sort(graph, key=_index_key(raw_steps)))
@@ -106,27 +110,44 @@ def compile_plan(data: dict[str, Any] | Definition, *,
     return Plan(definition, graph, order)
 
 
-def _index_key(raw_steps: list[dict[str, Any]]) -> Any:
-    index = {s["id"]: i for i, s in enumerate(raw_steps)}
+RawSteps = list[tuple[int, dict[str, Any]]]
+
+
+def _index_key(raw_steps: RawSteps) -> Any:
+    index = {s["id"]: i for i, s in raw_steps}
     return lambda node: f"{index.get(node, 0):08d}"
 
 
-def _raw_steps(data: dict[str, Any] | Definition) -> list[dict[str, Any]]:
-    """Steps as plain dicts with at least an id, read leniently so graph checks still run
-    when some other part of the definition is malformed."""
+def _raw_steps(data: dict[str, Any] | Definition) -> RawSteps:
+    """Steps as plain dicts with at least an id, each with its index in ``steps``, read
+    leniently so graph checks still run when some other part of the definition is malformed.
+    A built Definition's unset fields are left out, as they are absent from raw data."""
     if isinstance(data, Definition):
-        return [s.model_dump(by_alias=False) for s in data.steps]
+        return list(enumerate(s.model_dump(exclude_none=True) for s in data.steps))
     steps = data.get("steps") if isinstance(data, dict) else None
     if not isinstance(steps, list):
         return []
-    return [s for s in steps if isinstance(s, dict) and isinstance(s.get("id"), str)]
+    return [(i, s) for i, s in enumerate(steps)
+            if isinstance(s, dict) and isinstance(s.get("id"), str)]
 
 
-def _graph(raw_steps: list[dict[str, Any]]) -> tuple[nx.DiGraph, list[Problem]]:
+def _valid_steps(raw_steps: RawSteps) -> list[tuple[int, Step]]:
+    """The steps valid on their own, with their index, so tool and reference checks still
+    run on them when another part of the definition is malformed."""
+    valid = []
+    for i, raw in raw_steps:
+        try:
+            valid.append((i, Step.model_validate(raw)))
+        except ValidationError:
+            continue
+    return valid
+
+
+def _graph(raw_steps: RawSteps) -> tuple[nx.DiGraph, list[Problem]]:
     graph = nx.DiGraph()
     problems: list[Problem] = []
     seen: dict[str, int] = {}
-    for i, step in enumerate(raw_steps):
+    for i, step in raw_steps:
         if step["id"] in seen:
             first = seen[step["id"]]
             problems.append(Problem(f"steps[{i}].id",
@@ -134,7 +155,7 @@ def _graph(raw_steps: list[dict[str, Any]]) -> tuple[nx.DiGraph, list[Problem]]:
         else:
             seen[step["id"]] = i
             graph.add_node(step["id"])
-    for i, (step, deps) in enumerate(_dependencies(raw_steps)):
+    for i, step, deps in _dependencies(raw_steps):
         for dep in deps:
             if dep not in seen:
                 problems.append(Problem(f"steps[{i}].depends_on",
@@ -153,36 +174,44 @@ def _graph(raw_steps: list[dict[str, Any]]) -> tuple[nx.DiGraph, list[Problem]]:
     return graph, problems
 
 
-def _dependencies(raw_steps: list[dict[str, Any]]) -> Iterable[tuple[str, list[str]]]:
-    """Each step's dependencies: explicit ``depends_on`` once any step declares one;
-    otherwise list order, where consecutive steps sharing a ``parallel_group`` run together."""
-    if any("depends_on" in s for s in raw_steps):
-        for s in raw_steps:
+def _dependencies(raw_steps: RawSteps) -> Iterable[tuple[int, str, list[str]]]:
+    """Each step's index, id and dependencies: explicit ``depends_on`` once any step
+    declares one; otherwise list order, where consecutive steps sharing a ``parallel_group``
+    run together."""
+    if any("depends_on" in s for _, s in raw_steps):
+        for i, s in raw_steps:
             deps = s.get("depends_on") or []
-            yield s["id"], [d for d in deps if isinstance(d, str)] if isinstance(deps, list) else []
+            deps = [d for d in deps if isinstance(d, str)] if isinstance(deps, list) else []
+            yield i, s["id"], deps
         return
     previous: list[str] = []
     current: list[str] = []
     group: object = object()
-    for s in raw_steps:
+    for i, s in raw_steps:
         step_group = s.get("parallel_group")
         if step_group is None or step_group != group:
             previous, current = current or previous, []
         group = step_group if step_group is not None else object()
         current.append(s["id"])
-        yield s["id"], list(previous)
+        yield i, s["id"], list(previous)
 
 
-def _semantic_problems(definition: Definition, graph: nx.DiGraph,
-                       tools: Collection[str] | None) -> list[Problem]:
+def _keys(steps: Iterable[Step], graph: nx.DiGraph) -> dict[str, str]:
+    """Step ids by each name a step's output is visible under (its output key, its id)."""
+    return {step.key: step.id for step in steps} | {node: node for node in graph.nodes}
+
+
+def _step_problems(steps: list[tuple[int, Step]], graph: nx.DiGraph,
+                   tools: Collection[str] | Mapping[str, Any] | None) -> list[Problem]:
+    """Tool problems, references to steps that are not upstream, and output-name clashes of
+    these (index, step) pairs."""
     problems: list[Problem] = []
-    keys = {step.key: step.id for step in definition.steps} | {s.id: s.id for s in definition.steps}
-    has_cycle = not nx.is_directed_acyclic_graph(graph)
-    for i, step in enumerate(definition.steps):
+    keys = _keys((step for _, step in steps), graph)
+    for i, step in steps:
         where = f"steps[{i}]"
         if tools is not None:
             problems += _tool_problems(step, where, tools)
-        if has_cycle or step.id not in graph:
+        if step.id not in graph:
             continue
         upstream = nx.ancestors(graph, step.id)
         for path, names in _step_references(step, where, problems):
@@ -190,7 +219,7 @@ def _semantic_problems(definition: Definition, graph: nx.DiGraph,
             extra = own if path.startswith("compensate") else set()
             problems += _reference_problems(f"{where}.{path}", names, keys, upstream, extra)
     seen_keys: dict[str, str] = {}
-    for i, step in enumerate(definition.steps):
+    for i, step in steps:
         if step.key in BASE_NAMES:
             problems.append(Problem(f"steps[{i}]", f"output name {step.key!r} is reserved"))
         other = seen_keys.get(step.key)
@@ -198,6 +227,13 @@ def _semantic_problems(definition: Definition, graph: nx.DiGraph,
             problems.append(Problem(f"steps[{i}].output_key",
                                     f"output name {step.key!r} is already used by step {other!r}"))
         seen_keys[step.key] = step.id
+    return problems
+
+
+def _semantic_problems(definition: Definition, graph: nx.DiGraph,
+                       tools: Collection[str] | Mapping[str, Any] | None) -> list[Problem]:
+    problems = _step_problems(list(enumerate(definition.steps)), graph, tools)
+    keys = _keys(definition.steps, graph)
     if definition.outputs is not None:
         everything = set(graph.nodes)
         for name, value in definition.outputs.items():
@@ -256,7 +292,7 @@ def _step_references(step: Step, where: str,
             if static:
                 problems += [Problem(f"{where}.{path}", msg) for msg in static]
                 continue
-            yield path, set(find(value)) | _steps_refs(value)
+            yield path, set(find(value)) | _part_steps_refs(path, value)
         except ExpressionError as e:
             problems.append(Problem(f"{where}.{path}", str(e)))
 
@@ -270,9 +306,40 @@ def _static_problems(path: str, value: Any) -> list[str]:
 
 
 def _steps_refs(value: Any) -> set[str]:
-    """Step ids read as ``steps.X`` or ``steps['X']``, reported as ``steps.X`` names."""
-    text = repr(value)
-    return {f"steps.{a or b}" for a, b in _STEPS_REF.findall(text)}
+    """Step ids the templates in ``value`` read as ``steps.X`` or ``steps['X']``, reported as
+    ``steps.X`` names. Plain text reads nothing: "docs/steps.md" is a path, not a step."""
+    if isinstance(value, str):
+        found = _STEPS_REF.findall(value) if expressions.is_template(value) else []
+        return {f"steps.{a or b}" for a, b in found}
+    if isinstance(value, dict):
+        return set().union(*(_steps_refs(k) | _steps_refs(v) for k, v in value.items()))
+    if isinstance(value, list | tuple):
+        return set().union(*(_steps_refs(item) for item in value))
+    return set()
+
+
+def _part_steps_refs(path: str, value: Any) -> set[str]:
+    """``steps.X`` names one part of a step reads; code (a compute block, a condition that
+    is not a template) is read from its syntax tree, so ``'steps.md'`` in a string is not."""
+    if path == "compute":
+        return _code_steps_refs(textwrap.dedent(value).strip(), "exec")
+    text = value.strip() if path == "condition" else ""
+    if text and not (text.startswith("{{") and text.endswith("}}")):
+        return _code_steps_refs(text, "eval")
+    return _steps_refs(value)
+
+
+def _code_steps_refs(source: str, mode: str) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(source, mode=mode)):
+        if not (isinstance(node, ast.Attribute | ast.Subscript)
+                and isinstance(node.value, ast.Name) and node.value.id == "steps"):
+            continue
+        if isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
+            names.add(node.slice.value)
+    return {f"steps.{name}" for name in names}
 
 
 def _reference_problems(path: str, names: set[str], keys: dict[str, str], upstream: set[str],

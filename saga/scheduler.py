@@ -40,13 +40,16 @@ class SkipStep:
 
 @dataclass(frozen=True)
 class FailStep:
-    """Record a ``StepFailed`` that happened before any tool ran (e.g. a template error)."""
+    """Record a ``StepFailed`` that no tool reported: a template error before the call, a
+    rejected approval, or an attempt interrupted by the death of its worker (which, when
+    ``retry_at`` is set, runs again at once)."""
 
     step_id: str
     iteration: int
     attempt: int
     error_type: str
     message: str
+    retry_at: str | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,7 @@ class FinishRun:
     outputs: Any = None
     error: dict[str, Any] | None = None
     failed_step: str | None = None
+    actor: str | None = None
 
 
 Action = (StartStep | SkipStep | FailStep | RequestApproval | StartCompensation
@@ -255,9 +259,13 @@ def _after_failure(view: _View, failed_step: str) -> list[Action]:
     handling = view.plan.definition.error_handling
     step = view.plan.step(failed_step)
     error = _state(view, failed_step).get("error") or {}
+    maybe_done = error.get("type") == "Interrupted" and step.on_interrupt == "compensate"
     rollback = (handling.rollback_on_failure or handling.failure_strategy == "rollback"
-                or step.on_error == "compensate")
+                or step.on_error == "compensate" or maybe_done)
     to_undo = compensation_order(view.plan, view.run) if rollback else []
+    if maybe_done and step.compensate is not None:
+        # The interrupted attempt may have had its effect: undo it first, at least once.
+        to_undo.insert(0, step_key(failed_step))
     reason = f"step {failed_step!r} failed: {error.get('message', '')}"
     if to_undo:
         return [StartCompensation(reason, to_undo)]
@@ -297,6 +305,9 @@ def _compensation(view: _View) -> list[Action]:
     if broken:
         error = dict(error, compensation_failed=broken)
         return [FinishRun("failed", _partial_outputs(view), error, failed_step)]
+    if comp.get("cancel"):
+        return [FinishRun("cancelled", error={"message": comp["reason"]},
+                          actor=comp.get("actor"))]
     return [FinishRun("compensated", _partial_outputs(view), error, failed_step)]
 
 
@@ -315,6 +326,26 @@ def _complete(view: _View) -> FinishRun:
     except ExpressionError as e:
         return FinishRun("failed", _partial_outputs(view),
                          {"type": "ExpressionError", "message": f"outputs: {e}"})
+
+
+def interrupted(plan: Plan, run: Run) -> list[FailStep]:
+    """What to do with attempts a dead worker started and never finished.
+
+    Called when a worker takes a run over: every step still ``running`` was interrupted.
+    An idempotent step, or one with ``on_interrupt: retry`` (the default), runs again at
+    once with the same idempotency key; ``fail`` and ``compensate`` fail it for good (the
+    latter also undoing the step itself, since its effect may have happened).
+    """
+    actions = []
+    for state in run.steps.values():
+        if state["status"] != "running":
+            continue
+        step = plan.step(state["step_id"])
+        again = step.idempotent or step.on_interrupt == "retry"
+        actions.append(FailStep(state["step_id"], state["iteration"], state["attempt"],
+                                "Interrupted", "the worker running this attempt stopped",
+                                retry_at=state["attempt_started_at"] if again else None))
+    return actions
 
 
 def retry_decision(plan: Plan, step_id: str, attempt: int, error_type: str,

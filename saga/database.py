@@ -1,0 +1,110 @@
+"""A plain SQL connection beside the event store, for saga's own tables.
+
+The read model and the worker leases live in the same database as the events (the
+SQLite file, or the configured PostgreSQL schema) but are written with a connection of
+their own, never inside a library transaction. This is the one place the two dialects
+differ: statements are written with ``?`` placeholders and upserts that both accept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from saga.config import Settings
+from saga.errors import StoreUnavailableError
+
+Row = dict[str, Any]
+# Concurrent CREATE TABLE IF NOT EXISTS can fail in PostgreSQL ("tuple concurrently
+# updated"), so DDL runs under this transaction-scoped advisory lock.
+DDL_LOCK = 0x5A6A_0001
+
+
+class Database:
+    """One connection to the store's database, with explicit transactions."""
+
+    def __init__(self, settings: Settings) -> None:
+        env = settings.store_env()
+        self.pg = settings.is_postgres
+        try:
+            if self.pg:
+                self.conn = _connect_postgres(env)
+            else:
+                # isolation_level=None: no implicit transactions; tx() issues BEGIN IMMEDIATE.
+                self.conn = sqlite3.connect(env["SQLITE_DBNAME"], timeout=30.0,
+                                            isolation_level=None, check_same_thread=False)
+        except (sqlite3.Error, OSError) as e:
+            raise StoreUnavailableError(
+                f"cannot reach the event store ({settings.store_description}): {e}") from e
+
+    def sql(self, text: str) -> str:
+        """The statement in this dialect (saga's SQL is written with ``?``)."""
+        return text.replace("?", "%s") if self.pg else text
+
+    @contextlib.contextmanager
+    def tx(self) -> Iterator[Any]:
+        """A cursor in one transaction: committed on success, rolled back on error."""
+        if self.pg:
+            with self.conn.transaction(), self.conn.cursor() as cur:
+                yield cur
+            return
+        cur = self.conn.cursor()
+        # IMMEDIATE takes the write lock up front, so writers serialise here instead of
+        # failing later on a lock upgrade.
+        cur.execute("BEGIN IMMEDIATE")
+        try:
+            yield cur
+        except BaseException:
+            if self.conn.in_transaction:
+                cur.execute("ROLLBACK")
+            raise
+        cur.execute("COMMIT")
+
+    def execute(self, text: str, args: Sequence[Any] = ()) -> int:
+        """Run one statement in its own transaction; returns the row count."""
+        with self.tx() as cur:
+            cur.execute(self.sql(text), tuple(args))
+            return int(cur.rowcount)
+
+    def query(self, text: str, args: Sequence[Any] = ()) -> list[Row]:
+        """Rows of a read-only statement as dicts."""
+        cur = self.conn.cursor()
+        try:
+            cur.execute(self.sql(text), tuple(args))
+            names = [d[0] for d in cur.description]
+            return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+        finally:
+            cur.close()
+
+    def create(self, ddl: Sequence[str]) -> None:
+        """Run idempotent DDL, safe when many processes start at once."""
+        with self.tx() as cur:
+            if self.pg:
+                cur.execute("SELECT pg_advisory_xact_lock(%s)", (DDL_LOCK,))
+            for statement in ddl:
+                cur.execute(statement)
+
+    def close(self) -> None:
+        """Close the connection."""
+        with contextlib.suppress(Exception):
+            self.conn.close()
+
+
+def _connect_postgres(env: dict[str, str]) -> Any:
+    import psycopg
+    from psycopg import sql
+
+    try:
+        conn = psycopg.connect(
+            host=env["POSTGRES_HOST"], port=int(env["POSTGRES_PORT"]),
+            dbname=env["POSTGRES_DBNAME"], user=env["POSTGRES_USER"],
+            password=env.get("POSTGRES_PASSWORD") or None, connect_timeout=5,
+            autocommit=True)  # transactions are explicit, see tx()
+    except psycopg.Error as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise StoreUnavailableError(f"cannot reach the event store: {first}") from e
+    schema = env.get("POSTGRES_SCHEMA", "public")
+    conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+    return conn

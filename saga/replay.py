@@ -1,0 +1,156 @@
+"""Replaying a recorded history through the current scheduler, and reporting divergence.
+
+The replayer does not re-implement any decision: it folds the recorded events one by one
+and, before each event that records a decision (a start, a skip, an approval request, a
+rollback, an outcome), asks :func:`saga.scheduler.decide` what it would do in that state.
+An event the scheduler would not have produced is a divergence. Events that record what
+the world answered (a tool's output or error, a person's decision, a worker's death) are
+taken as they are, but a failure's ``retryable`` verdict is checked against the policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from saga import scheduler
+from saga.domain import Run
+from saga.plan import Plan, compile_plan
+from saga.scheduler import (
+    CompensateStep,
+    FailStep,
+    FinishRun,
+    RequestApproval,
+    SkipStep,
+    StartCompensation,
+    StartStep,
+)
+
+_WORLD = {"StepCompleted", "ApprovalGranted", "ApprovalRejected", "RunRetried"}
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first recorded event the current scheduler would not have produced."""
+
+    version: int
+    event_type: str
+    recorded: dict[str, Any]
+    expected: list[str]
+
+    def __str__(self) -> str:
+        expected = "; ".join(self.expected) or "nothing (wait)"
+        return (f"event {self.version} ({self.event_type}) diverges: recorded "
+                f"{_brief(self.recorded)}, the scheduler decides {expected}")
+
+
+def verify(events: list[Any], plan: Plan | None = None) -> Divergence | None:
+    """Fold ``events`` (domain events of one run, in order) through the scheduler; return
+    the first divergence, or None when every decision is reproduced."""
+    run: Run = events[0].mutate(None)
+    plan = plan or compile_plan(run.definition)
+    for event in events[1:]:
+        divergence = _check(plan, run, event)
+        if divergence is not None:
+            return divergence
+        event.mutate(run)
+    return None
+
+
+def _check(plan: Plan, run: Run, event: Any) -> Divergence | None:
+    kind = type(event).__name__
+    if kind in _WORLD or (kind == "CompensationStarted" and event.actor is not None):
+        return None  # what the world, or a person's command, answered
+    if kind == "StepFailed":
+        return _check_failure(plan, run, event)
+    expected = _expected(plan, run)
+    if any(_matches(action, kind, event) for action in expected):
+        return None
+    return Divergence(event.originator_version, kind, _payload(event),
+                      [_describe(a) for a in expected])
+
+
+def _expected(plan: Plan, run: Run) -> list[scheduler.Action]:
+    actions: list[scheduler.Action] = list(scheduler.decide(plan, run))
+    # A compensation or retry whose call was cut short by a crash may be repeated.
+    return actions
+
+
+def _check_failure(plan: Plan, run: Run, event: Any) -> Divergence | None:
+    state = run.step(event.step_id if event.iteration == 0 else
+                     f"{event.step_id}[{event.iteration}]")
+    if event.error_type == "Interrupted":
+        expected = scheduler.interrupted(plan, run)
+        if any(a.step_id == event.step_id and (a.retry_at is not None) == event.retryable
+               for a in expected):
+            return None
+        return Divergence(event.originator_version, "StepFailed", _payload(event),
+                          [_describe(a) for a in expected])
+    if state["status"] != "running":  # decided before any call: a template or approval
+        expected = scheduler.decide(plan, run)
+        if any(_matches(a, "StepFailed", event) for a in expected):
+            return None
+        return Divergence(event.originator_version, "StepFailed", _payload(event),
+                          [_describe(a) for a in expected])
+    retry = scheduler.retry_decision(plan, event.step_id, event.attempt, event.error_type,
+                                     True)
+    if event.retryable and not retry:
+        return Divergence(event.originator_version, "StepFailed", _payload(event),
+                          [f"no retry of {event.step_id} after attempt {event.attempt}"])
+    return None
+
+
+def _matches(action: scheduler.Action, kind: str, e: Any) -> bool:
+    if isinstance(action, StartStep):
+        return (kind == "StepStarted" and e.step_id == action.step_id
+                and e.attempt == action.attempt and e.parameters == action.parameters)
+    if isinstance(action, SkipStep):
+        return kind == "StepSkipped" and e.step_id == action.step_id and e.reason == action.reason
+    if isinstance(action, FailStep):
+        return (kind == "StepFailed" and e.step_id == action.step_id
+                and e.error_type == action.error_type)
+    if isinstance(action, RequestApproval):
+        return kind == "ApprovalRequested" and e.step_id == action.step_id
+    if isinstance(action, StartCompensation):
+        return kind == "CompensationStarted" and list(e.steps) == list(action.steps)
+    if isinstance(action, CompensateStep):
+        return kind in ("StepCompensated", "CompensationFailed") and e.step_id == action.step_id
+    if isinstance(action, FinishRun):
+        outcome = {"completed": "RunCompleted", "failed": "RunFailed",
+                   "compensated": "RunCompensated", "cancelled": "RunCancelled"}[action.status]
+        same_outputs = action.status == "cancelled" or e.outputs == action.outputs
+        return kind == outcome and same_outputs
+    return False
+
+
+def _describe(action: scheduler.Action) -> str:
+    name = type(action).__name__
+    step = getattr(action, "step_id", None)
+    detail = f" {step}" if step else ""
+    if isinstance(action, StartStep):
+        detail += f" attempt {action.attempt} with {_brief(action.parameters)}"
+    elif isinstance(action, FinishRun):
+        detail += f" {action.status} with outputs {_brief(action.outputs)}"
+    elif isinstance(action, StartCompensation):
+        detail += f" of {action.steps}"
+    elif isinstance(action, SkipStep):
+        detail += f" ({action.reason})"
+    return name + detail
+
+
+def _payload(event: Any) -> dict[str, Any]:
+    skip = ("originator_id", "originator_version", "timestamp", "originator_topic")
+    return {k: v for k, v in event.__dict__.items() if k not in skip}
+
+
+def _brief(value: Any, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def state_at(events: list[Any]) -> Run:
+    """The run folded from these events (for ``--at``)."""
+    run: Run = events[0].mutate(None)
+    for event in events[1:]:
+        event.mutate(run)
+    return run
