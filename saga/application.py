@@ -84,11 +84,15 @@ class SagaApplication(Application):
             except IntegrityError:
                 raise ConcurrentWriteError(run.run_id) from None
 
-    def history(self, run_id: str | UUID) -> list[dict[str, Any]]:
-        """Every event of a run, in order, as plain JSON objects."""
+    def domain_events(self, run_id: str | UUID) -> list[Any]:
+        """Every event of a run, in order, as domain event objects."""
         run = self.get_run(run_id)
         with store_errors("reading history"):
-            return [event_json(e) for e in self.repository.event_store.get(run.id)]
+            return list(self.repository.event_store.get(run.id))
+
+    def history(self, run_id: str | UUID) -> list[dict[str, Any]]:
+        """Every event of a run, in order, as plain JSON objects."""
+        return [event_json(e) for e in self.domain_events(run_id)]
 
     def run_ids(self, start: int = 1) -> Iterator[tuple[int, str]]:
         """(position, run id) of every run started at or after a log position, in order."""

@@ -289,7 +289,8 @@ def test_compute_steps_run_in_the_sandbox(saga: Saga) -> None:
         {"id": "pods", "tool": "echo", "args": {"items": [
             {"name": "a", "status": "Running"}, {"name": "b", "status": "Crash"}]}},
         {"id": "analyze", "compute": "items = pods['items']\n"
-                                     "bad = [p['name'] for p in items if p['status'] != 'Running']\n"
+                                     "bad = [p['name'] for p in items\n"
+                                     "       if p['status'] != 'Running']\n"
                                      "result = {'unhealthy': bad, 'n': len(items)}",
          "output": "analysis"},
         {"id": "restart", "tool": "echo", "args": {"pods": "{{ analysis.unhealthy }}"},
