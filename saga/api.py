@@ -82,9 +82,11 @@ class Saga:
             self._app.close()
             self._app = None
 
-    def executor(self, on_events: EventHook | None = None) -> Executor:
-        """An executor over this store and registry."""
-        return Executor(self.app, self.registry, worker=self.worker, on_events=on_events)
+    def executor(self, on_events: EventHook | None = None,
+                 worker: str | None = None) -> Executor:
+        """An executor over this store and registry (recording ``worker`` on its starts)."""
+        return Executor(self.app, self.registry, worker=worker or self.worker,
+                        on_events=on_events)
 
     def load(self, source: str | Path | Mapping[str, Any]) -> Plan:
         """Load and validate a composition (a file path or raw data) into a plan."""

@@ -193,7 +193,11 @@ class Worker:
         try:
             run = self.saga.get(run_id)
             if not run.is_finished:
-                await self.saga.executor().drive_async(run, lease)
+                executor = self.saga.executor(worker=self.worker_id)
+                try:
+                    await executor.drive_async(run, lease)
+                finally:
+                    executor.close()
         except (ConcurrentWriteError, LeaseLostError) as e:
             log.info("backing off run %s: %s", run_id, e)
         except SagaError as e:

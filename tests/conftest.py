@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -23,16 +24,32 @@ def _drop_schema(schema: str) -> None:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
+@contextlib.contextmanager
+def postgres_store() -> Iterator[Settings]:
+    """Settings for a fresh PostgreSQL schema of its own, dropped afterwards."""
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    try:
+        yield Settings(database_url=PG_URL, schema=schema, actor="tester", pool_size=1,
+                       max_overflow=2)
+    finally:
+        _drop_schema(schema)
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def settings(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Settings]:
     """Settings for a store of its own: a fresh SQLite file, or a fresh PostgreSQL schema."""
     if request.param == "sqlite":
         yield Settings(home=tmp_path / ".saga", actor="tester")
         return
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    yield Settings(database_url=PG_URL, schema=schema, actor="tester", pool_size=1,
-                   max_overflow=2)
-    _drop_schema(schema)
+    with postgres_store() as pg:
+        yield pg
+
+
+@pytest.fixture
+def pg_settings() -> Iterator[Settings]:
+    """Settings for a fresh PostgreSQL schema only."""
+    with postgres_store() as pg:
+        yield pg
 
 
 @pytest.fixture

@@ -140,3 +140,19 @@ def block(params: dict, ctx: ToolContext) -> dict:
     time.sleep(float(params.get("seconds", 0.2)))
     record("block", params, ctx, start=start, end=time.monotonic())
     return {"step": ctx.step_id}
+
+
+@tool("effect")
+def effect(params: dict, ctx: ToolContext) -> dict:
+    """Records a side effect; fails when ``fail`` is true; with ``kill_once`` set to a marker
+    file path, SIGKILLs its own process right after the effect the first time (a crash
+    between a tool's effect and its recorded completion)."""
+    record("effect", params, ctx)
+    marker = params.get("kill_once")
+    if marker and not os.path.exists(marker):
+        with open(marker, "w", encoding="utf-8") as f:
+            f.write(ctx.idempotency_key)
+        os.kill(os.getpid(), 9)
+    if params.get("fail"):
+        raise ToolError(f"effect {ctx.step_id} failed", retryable=False)
+    return {"step": ctx.step_id, "value": params.get("value")}
