@@ -64,17 +64,31 @@ def registry() -> Registry:
     return load_registry(["tests.tools.standins"])
 
 
+def _verify_every_run(s: Saga, request: pytest.FixtureRequest) -> None:
+    """Every run a test created replays to the same decisions (unless it doctored them)."""
+    if "doctored" in request.keywords or s._app is None:
+        return
+    for _, run_id in s.app.run_ids():
+        divergence = s.verify(run_id)
+        assert divergence is None, f"run {run_id}: {divergence}"
+
+
 @pytest.fixture
-def saga(settings: Settings, registry: Registry) -> Iterator[Saga]:
-    """A Saga on a store of its own (parametrised over SQLite and PostgreSQL)."""
+def saga(settings: Settings, registry: Registry,
+         request: pytest.FixtureRequest) -> Iterator[Saga]:
+    """A Saga on a store of its own (parametrised over SQLite and PostgreSQL); every run
+    it recorded is replayed through the scheduler afterwards."""
     s = Saga(settings, registry=registry)
     yield s
+    _verify_every_run(s, request)
     s.close()
 
 
 @pytest.fixture
-def lite(sqlite_settings: Settings, registry: Registry) -> Iterator[Saga]:
-    """A Saga on a fresh SQLite store."""
+def lite(sqlite_settings: Settings, registry: Registry,
+         request: pytest.FixtureRequest) -> Iterator[Saga]:
+    """A Saga on a fresh SQLite store; its runs are replayed afterwards, as with ``saga``."""
     s = Saga(sqlite_settings, registry=registry)
     yield s
+    _verify_every_run(s, request)
     s.close()

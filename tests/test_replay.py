@@ -64,6 +64,7 @@ def test_recorded_runs_verify(saga: Saga) -> None:
         assert saga.verify(run.run_id) is None
 
 
+@pytest.mark.doctored
 def test_doctored_parameters_diverge(saga: Saga, settings: Settings) -> None:
     run = saga.run(saga.load(CHAIN), {"fail": False})
     version = version_of(saga, run.run_id, "StepStarted", "b")
@@ -79,6 +80,7 @@ def test_doctored_parameters_diverge(saga: Saga, settings: Settings) -> None:
     assert "{'y': 1}" in str(divergence)
 
 
+@pytest.mark.doctored
 def test_doctored_outcome_diverges_and_the_cli_says_where(settings: Settings,
                                                           saga: Saga) -> None:
     run = saga.run(saga.load(CHAIN), {"fail": False})
