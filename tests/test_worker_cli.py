@@ -1,0 +1,97 @@
+"""The worker journey as a user types it: submit, worker, retry, compensate, cancel."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def saga(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAGA_")}
+    env |= {"SAGA_HOME": str(cwd / ".saga"), "SAGA_ACTOR": "ops", "SAGA_LEASE_SECONDS": "2"}
+    return subprocess.run([sys.executable, "-m", "saga.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_submit_then_worker_until_idle(tmp_path: Path) -> None:
+    template = str(ROOT / "templates" / "quickstart.yaml")
+    assert saga(["db", "init"], tmp_path).returncode == 0
+    ids = [json.loads(saga(["submit", template, "--json"], tmp_path).stdout)["run_id"]
+           for _ in range(3)]
+    assert {json.loads(saga(["status", i, "--json"], tmp_path).stdout)["status"]
+            for i in ids} == {"running"}
+    worker = saga(["worker", "--until-idle", "--poll", "0.05", "--id", "w1"], tmp_path)
+    assert worker.returncode == 0, worker.stderr
+    assert "stopped after 3 drives" in worker.stderr
+    for run_id in ids:
+        status = json.loads(saga(["status", run_id, "--json"], tmp_path).stdout)
+        assert status["status"] == "completed"
+        history = json.loads(saga(["history", run_id, "--json"], tmp_path).stdout)
+        assert {e["payload"]["worker"] for e in history if e["type"] == "StepStarted"} == {"w1"}
+        assert saga(["replay", run_id, "--verify"], tmp_path).returncode == 0
+
+
+def test_retry_compensate_and_cancel(tmp_path: Path) -> None:
+    flaky = tmp_path / "flaky.yaml"
+    flaky.write_text("""
+name: flaky
+error_handling: {rollback_on_failure: false}
+steps:
+  - id: made
+    tool: echo
+    args: {thing: 1}
+    compensate: {tool: echo, args: {removed: "{{ output.thing }}"}}
+  - id: shaky
+    tool: fail
+    args: {message: "not yet", times: 1}
+""")
+    ran = saga(["run", str(flaky), "--json"], tmp_path)
+    assert ran.returncode == 1
+    run_id = json.loads(ran.stdout)["run_id"]
+    retried = saga(["retry", run_id, "--json"], tmp_path)
+    assert retried.returncode == 0, retried.stderr
+    result = json.loads(retried.stdout)
+    assert result["status"] == "completed"
+    assert result["steps"]["shaky"]["attempt"] == 2
+    history = json.loads(saga(["history", run_id, "--json"], tmp_path).stdout)
+    retry_event = next(e for e in history if e["type"] == "RunRetried")
+    assert retry_event["payload"] == {"actor": "ops", "steps": ["shaky"]}
+    made = [e for e in history if e["type"] == "StepStarted" and e["step_id"] == "made"]
+    assert len(made) == 1  # completed work was kept
+    assert saga(["replay", run_id, "--verify"], tmp_path).returncode == 0
+
+    undone = saga(["compensate", run_id, "--reason", "roll back the release", "--json"],
+                  tmp_path)
+    assert undone.returncode == 0, undone.stderr
+    assert json.loads(undone.stdout)["status"] == "compensated"
+    again = saga(["compensate", run_id], tmp_path)
+    assert again.returncode == 2 and "cannot compensate" in again.stderr
+
+    waiting = tmp_path / "waiting.yaml"
+    waiting.write_text("""
+name: waiting
+steps:
+  - id: made
+    tool: echo
+    args: {thing: 2}
+    compensate: {tool: echo, args: {removed: "{{ output.thing }}"}}
+  - id: gated
+    tool: noop
+    confirm: "Really?"
+""")
+    ran = saga(["run", str(waiting), "--json"], tmp_path)
+    assert json.loads(ran.stdout)["status"] == "waiting"
+    run_id = json.loads(ran.stdout)["run_id"]
+    cancelled = saga(["cancel", run_id, "--reason", "changed my mind", "--json"], tmp_path)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert json.loads(cancelled.stdout)["status"] == "cancelled"
+    history = json.loads(saga(["history", run_id, "--json"], tmp_path).stdout)
+    assert [e["type"] for e in history][-3:] == ["CompensationStarted", "StepCompensated",
+                                                 "RunCancelled"]
+    assert history[-1]["payload"]["actor"] == "ops"
+    assert saga(["replay", run_id, "--verify"], tmp_path).returncode == 0
