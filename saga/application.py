@@ -18,11 +18,13 @@ from eventsourcing.application import AggregateNotFoundError, Application
 from eventsourcing.persistence import IntegrityError, PersistenceError
 
 from saga.config import Settings
+from saga.database import DDL_LOCK
 from saga.definition import Definition
 from saga.domain import Run
 from saga.errors import ConcurrentWriteError, RunNotFoundError, StoreUnavailableError
 
-_ENVELOPE = ("originator_id", "originator_version", "timestamp", "originator_topic")
+_ENVELOPE = ("originator_id", "originator_version", "timestamp", "originator_topic",
+             "prev_hash", "payload_hash", "mac")
 
 
 @contextlib.contextmanager
@@ -44,24 +46,27 @@ class SagaApplication(Application):
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        # The key signs each event's link; it lives in configuration, never in the store.
+        Run.audit_key = settings.audit_key.encode() if settings.audit_key else None
         env = settings.store_env()
         if settings.snapshot_interval > 0:
             # Snapshots keep loading a long run cheap; the library takes them inside save().
             self.snapshotting_intervals = {Run: settings.snapshot_interval}
             env["IS_SNAPSHOTTING_ENABLED"] = "y"
-        if not settings.is_postgres:
-            settings.home.mkdir(parents=True, exist_ok=True)
+        if settings.is_postgres:
+            with _postgres_setup(settings), store_errors(settings.store_description):
+                super().__init__(env=env)
         else:
-            _ensure_schema(settings)
-        with store_errors(settings.store_description):
-            super().__init__(env=env)
+            settings.home.mkdir(parents=True, exist_ok=True)
+            with store_errors(settings.store_description):
+                super().__init__(env=env)
 
     def start(self, definition: Definition, inputs: dict[str, Any], context: dict[str, Any],
               options: dict[str, Any] | None = None) -> Run:
         """A new run (not yet saved: the caller saves it with its first decisions)."""
         data = definition.to_json()
-        return Run(definition=data, definition_hash=definition.digest(), inputs=inputs,
-                   context=context, options=options or {})
+        return Run.begin(definition=data, definition_hash=definition.digest(), inputs=inputs,
+                         context=context, options=options or {})
 
     def get_run(self, run_id: str | UUID, version: int | None = None) -> Run:
         """The run as recorded (at ``version`` if given)."""
@@ -121,6 +126,7 @@ def event_json(e: Any) -> dict[str, Any]:
     if "step_id" in payload:
         out["step_id"] = payload["step_id"]
     out["payload"] = payload
+    out["hash"], out["prev_hash"] = e.link(), e.prev_hash
     return out
 
 
@@ -128,29 +134,36 @@ def _iso(value: datetime | Any) -> str:
     return value.isoformat() if hasattr(value, "isoformat") else str(value)
 
 
-def _ensure_schema(settings: Settings) -> None:
-    """Create the configured PostgreSQL schema (the library requires it to exist)."""
-    if not settings.schema and "schema=" not in (settings.database_url or ""):
-        return
+@contextlib.contextmanager
+def _postgres_setup(settings: Settings) -> Iterator[None]:
+    """Create the configured schema (the library requires it to exist) and hold an
+    advisory lock while the library runs its DDL: concurrent ``CREATE TABLE``/``TYPE`` in
+    PostgreSQL fail with "tuple concurrently updated" when many workers start at once."""
     env = settings.store_env()
     schema = env.get("POSTGRES_SCHEMA")
-    if not schema:
-        return
     try:
         import psycopg
         from psycopg import sql
     except ImportError as e:
         raise StoreUnavailableError("PostgreSQL needs psycopg: pip install 'saga[postgres]'") from e
     try:
-        with psycopg.connect(host=env["POSTGRES_HOST"], port=int(env["POSTGRES_PORT"]),
-                             dbname=env["POSTGRES_DBNAME"], user=env["POSTGRES_USER"],
-                             password=env["POSTGRES_PASSWORD"] or None, connect_timeout=5,
-                             autocommit=True) as conn:
-            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+        conn = psycopg.connect(host=env["POSTGRES_HOST"], port=int(env["POSTGRES_PORT"]),
+                               dbname=env["POSTGRES_DBNAME"], user=env["POSTGRES_USER"],
+                               password=env["POSTGRES_PASSWORD"] or None, connect_timeout=5,
+                               autocommit=True)
     except psycopg.Error as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise StoreUnavailableError(
             f"cannot reach the event store ({settings.store_description}): {first}") from e
+    with conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (DDL_LOCK,))
+        try:
+            if schema:
+                conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
+                    sql.Identifier(schema)))
+            yield
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (DDL_LOCK,))
 
 
 def open_app(settings: Settings) -> SagaApplication:

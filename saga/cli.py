@@ -37,12 +37,14 @@ def _handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
         except SagaError as e:
             if debug:
                 raise
-            click.echo(f"error: {e}", err=True)
+            click.echo("error: " + " ".join(str(e).split()), err=True)
             sys.exit(e.exit_code)
         except Exception as e:  # the promise: one clear line, traceback only with --debug
             if debug:
                 raise
-            click.echo(f"error: {type(e).__name__}: {e} (run with --debug for details)", err=True)
+            detail = " ".join(str(e).split())
+            click.echo(f"error: {type(e).__name__}: {detail} (run with --debug for details)",
+                       err=True)
             sys.exit(1)
     return wrapper
 
@@ -291,7 +293,8 @@ def status(run_id: str, as_json: bool) -> None:
 
 @main.command(name="list")
 @click.option("--status", "status_filter", help="Only runs with this status.")
-@click.option("--limit", type=int, default=50, show_default=True)
+@click.option("--limit", type=click.IntRange(min=0), default=50, show_default=True,
+              help="At most this many runs (0: all).")
 @json_option
 @_handle_errors
 def list_runs(status_filter: str | None, limit: int, as_json: bool) -> None:

@@ -32,6 +32,7 @@ class Settings:
     max_overflow: int = 4
     snapshot_interval: int = 100
     lease_seconds: float = 30.0
+    audit_key: str | None = field(default=None, repr=False)
     file: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -69,7 +70,8 @@ def postgres_params(url: str, schema: str | None = None) -> dict[str, str]:
     """``POSTGRES_*`` keys from ``postgresql://user[:pw]@host[:port]/db[?schema=s]``."""
     parsed = urlparse(url)
     if not parsed.hostname or not parsed.path.strip("/"):
-        raise ConfigError(f"database URL {url!r} must look like postgresql://user@host:5432/db")
+        shown = url.replace(f":{parsed.password}@", ":***@", 1) if parsed.password else url
+        raise ConfigError(f"database URL {shown!r} must look like postgresql://user@host:5432/db")
     query = parse_qs(parsed.query)
     params = {
         "POSTGRES_HOST": parsed.hostname,
@@ -135,6 +137,7 @@ def load_settings(env: Mapping[str, str] | None = None, cwd: Path | None = None,
             snapshot_interval=int(env.get("SAGA_SNAPSHOT_INTERVAL")
                                   or data.get("snapshot_interval", 100)),
             lease_seconds=float(env.get("SAGA_LEASE_SECONDS") or data.get("lease_seconds", 30)),
+            audit_key=env.get("SAGA_AUDIT_KEY") or None,
             file=data,
         )
     except ValueError as e:

@@ -244,8 +244,9 @@ def parse_text(text: str, source: str = "<text>") -> dict[str, Any]:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else ""
-        raise DefinitionError([Problem(where, f"not valid YAML/JSON: {e}")], source) from e
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        detail = getattr(e, "problem", None) or " ".join(str(e).split())
+        raise DefinitionError([Problem(where, f"not valid YAML/JSON: {detail}")], source) from e
     if not isinstance(data, dict):
         raise DefinitionError([Problem("", "a composition must be a mapping")], source)
     return data

@@ -10,10 +10,13 @@ it from there).
 
 from __future__ import annotations
 
-from typing import Any
-from uuid import UUID
+import hashlib
+import hmac
+import json
+from typing import Any, ClassVar
+from uuid import UUID, uuid4
 
-from eventsourcing.domain import Aggregate, event
+from eventsourcing.domain import Aggregate
 
 RUN_STATUSES = ("running", "waiting", "completed", "failed", "compensating", "compensated",
                 "cancelled")
@@ -31,6 +34,42 @@ def idempotency_key(run_id: str, step_id: str, iteration: int = 0) -> str:
     return f"{run_id}:{step_id}:{iteration}"
 
 
+#: Fields every event carries for the audit chain, apart from its payload.
+CHAIN_FIELDS = ("actor", "prev_hash", "payload_hash", "mac")
+_ENVELOPE = ("originator_id", "originator_version", "timestamp", "originator_topic")
+GENESIS = ""
+
+
+def canonical(value: Any) -> bytes:
+    """Canonical JSON: sorted keys, no whitespace, UTF-8."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      default=str).encode()
+
+
+def payload_of(fields: dict[str, Any]) -> dict[str, Any]:
+    """An event's payload: its fields without the envelope and the chain fields."""
+    return {k: v for k, v in fields.items() if k not in _ENVELOPE and k not in CHAIN_FIELDS}
+
+
+def payload_hash(payload: dict[str, Any]) -> str:
+    """sha256 of the payload's canonical JSON."""
+    return hashlib.sha256(canonical(payload)).hexdigest()
+
+
+def event_hash(event_type: str, version: int, timestamp: str, actor: str | None,
+               payload_digest: str, prev_hash: str) -> str:
+    """An event's link in its run's chain: covers its type, version, time, actor, the hash
+    of its payload (so a payload can later be removed) and its predecessor's hash."""
+    text = "|".join([event_type, str(version), timestamp, actor or "", payload_digest,
+                     prev_hash])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def sign(key: bytes, digest: str) -> str:
+    """HMAC-SHA256 of a chain link."""
+    return hmac.new(key, digest.encode(), hashlib.sha256).hexdigest()
+
+
 def _iso(value: Any) -> str:
     return value.isoformat() if hasattr(value, "isoformat") else str(value)
 
@@ -45,15 +84,38 @@ def _ms_between(start: str | None, end: str) -> int | None:
 
 
 class Run(Aggregate):
-    """One run of a composition: the event-sourced unit of consistency (one writer)."""
+    """One run of a composition: the event-sourced unit of consistency (one writer).
+
+    Every event carries the hash of its predecessor (``prev_hash``), the hash of its own
+    payload and the actor it was recorded for; with an audit key configured, also an
+    HMAC of its own link, so an edited, deleted, inserted or reordered event is detected.
+    """
 
     TOPIC = "saga.Run"
+    #: HMAC key for event links, set once per process from configuration (never stored).
+    audit_key: ClassVar[bytes | None] = None
 
     class Event(Aggregate.Event):
-        """Base of every run event."""
+        """Base of every run event: the audit chain fields, then the payload."""
+
+        actor: str | None
+        prev_hash: str
+        payload_hash: str
+        mac: str | None
 
         def apply(self, aggregate: Any) -> None:  # pragma: no cover - overridden
             """Change the run's state to reflect this event."""
+
+        def link(self) -> str:
+            """This event's hash in its run's chain."""
+            return event_hash(type(self).__name__, self.originator_version,
+                              _iso(self.timestamp), self.actor, self.payload_hash,
+                              self.prev_hash)
+
+        def mutate(self, aggregate: Any) -> Any:
+            aggregate = super().mutate(aggregate)
+            aggregate.head_hash = self.link()
+            return aggregate
 
     class Created(Event, Aggregate.Created):
         TOPIC = "saga.Run.Created"
@@ -68,9 +130,26 @@ class Run(Aggregate):
         context: dict[str, Any]
         options: dict[str, Any]
 
-    @event(RunStarted)
+    @classmethod
+    def begin(cls, definition: dict[str, Any], definition_hash: str, inputs: dict[str, Any],
+              context: dict[str, Any], options: dict[str, Any]) -> Run:
+        """Start a new run (the first link of its chain)."""
+        fields = {"definition": definition, "definition_hash": definition_hash,
+                  "inputs": inputs, "context": context, "options": options}
+        timestamp = cls.RunStarted.create_timestamp()
+        chain = _chain(cls.RunStarted, 1, timestamp, context.get("actor"), fields, GENESIS)
+        return cls._create(cls.RunStarted, id=uuid4(), timestamp=timestamp, **fields, **chain)
+
+    def trigger_event(self, event_class: Any, **kwargs: Any) -> None:
+        """Trigger an event as the next link of the run's chain."""
+        timestamp = event_class.create_timestamp()
+        actor = kwargs.pop("actor", None) or self.actor
+        chain = _chain(event_class, self.version + 1, timestamp, actor, kwargs, self.head_hash)
+        super().trigger_event(event_class, timestamp=timestamp, **kwargs, **chain)
+
     def __init__(self, definition: dict[str, Any], definition_hash: str,
                  inputs: dict[str, Any], context: dict[str, Any], options: dict[str, Any]) -> None:
+        self.head_hash = GENESIS
         self.definition = definition
         self.definition_hash = definition_hash
         self.inputs = inputs
@@ -232,12 +311,13 @@ class Run(Aggregate):
         TOPIC = "saga.CompensationStarted"
         reason: str
         steps: list[str]
-        actor: str | None = None
-        cancel: bool = False
+        requested: bool
+        cancel: bool
 
         def apply(self, aggregate: Any) -> None:
             aggregate.compensation = {"reason": self.reason, "steps": list(self.steps),
-                                      "done": {}, "actor": self.actor, "cancel": self.cancel}
+                                      "done": {}, "actor": self.actor, "cancel": self.cancel,
+                                      "requested": self.requested}
             aggregate.status = "compensating"
             aggregate.finished_at = None
 
@@ -390,9 +470,10 @@ class Run(Aggregate):
 
     def start_compensation(self, reason: str, steps: list[str], actor: str | None = None,
                            cancel: bool = False) -> None:
-        """Record the start of rollback and its order (``cancel``: it ends cancelled)."""
+        """Record the start of rollback and its order: automatic, or ``actor``'s request
+        (``cancel``: the run ends cancelled)."""
         self.trigger_event(self.CompensationStarted, reason=reason, steps=steps, actor=actor,
-                           cancel=cancel)
+                           requested=actor is not None, cancel=cancel)
 
     def retry(self, actor: str, steps: list[str]) -> None:
         """Record a redrive of the given failed (and upstream-skipped) steps."""
@@ -423,6 +504,15 @@ class Run(Aggregate):
     def cancel(self, actor: str, reason: str | None = None) -> None:
         """Record that the run was cancelled."""
         self.trigger_event(self.RunCancelled, actor=actor, reason=reason)
+
+
+def _chain(event_class: Any, version: int, timestamp: Any, actor: str | None,
+           fields: dict[str, Any], prev: str) -> dict[str, Any]:
+    digest = payload_hash(payload_of(fields))
+    link = event_hash(event_class.__name__, version, _iso(timestamp), actor, digest, prev)
+    key = Run.audit_key
+    return {"actor": actor, "prev_hash": prev, "payload_hash": digest,
+            "mac": sign(key, link) if key else None}
 
 
 def run_id_of(value: str | UUID) -> UUID:

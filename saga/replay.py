@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from saga import scheduler
-from saga.domain import Run
+from saga.domain import Run, payload_of
 from saga.plan import Plan, compile_plan
 from saga.scheduler import (
     CompensateStep,
@@ -59,7 +59,7 @@ def verify(events: list[Any], plan: Plan | None = None) -> Divergence | None:
 
 def _check(plan: Plan, run: Run, event: Any) -> Divergence | None:
     kind = type(event).__name__
-    if kind in _WORLD or (kind == "CompensationStarted" and event.actor is not None):
+    if kind in _WORLD or (kind == "CompensationStarted" and event.requested):
         return None  # what the world, or a person's command, answered
     if kind == "StepFailed":
         return _check_failure(plan, run, event)
@@ -139,8 +139,7 @@ def _describe(action: scheduler.Action) -> str:
 
 
 def _payload(event: Any) -> dict[str, Any]:
-    skip = ("originator_id", "originator_version", "timestamp", "originator_topic")
-    return {k: v for k, v in event.__dict__.items() if k not in skip}
+    return payload_of(event.__dict__)
 
 
 def _brief(value: Any, limit: int = 120) -> str:

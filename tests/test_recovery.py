@@ -121,7 +121,12 @@ def test_sigkill_at_every_event_boundary_recovers_to_the_same_outcome(
         with Saga(settings, registry=registry) as saga:
             run = saga.submit(saga.load(definition))
             code = crash_worker(settings, boundary, log)
-            assert code != 0, "the worker finished before its last commit"
+            if code == 0:
+                # Parallel completions can share a commit, so this run needed fewer
+                # commits than an earlier one: every boundary it had was covered.
+                assert boundary > 2
+                assert outcome(saga, run.run_id) == expected
+                break
             assert code == -9, f"worker exited {code} at boundary {boundary}"
             last = saga.get(run.run_id).is_finished  # killed right after the final commit
             recover(saga)
@@ -192,6 +197,7 @@ def test_on_interrupt_compensate_undoes_the_interrupted_step_too(sqlite_settings
         assert saga.get(run.run_id).steps["risky"]["compensation_output"] == {"undone": 1}
 
 
+@pytest.mark.doctored  # it records a skip no scheduler decided, to test the fence
 def test_a_stale_writer_is_fenced_by_the_version(saga: Saga) -> None:
     plan = saga.load({"name": "fence", "steps": [{"id": "a", "tool": "noop"}]})
     run = saga.submit(plan)
@@ -232,7 +238,7 @@ def test_many_workers_drain_hundreds_of_runs_exactly_once(pg_settings: Settings,
         env["SAGA_TEST_CALL_LOG"] = str(log)
         workers = [subprocess.Popen(
             [sys.executable, str(CRASH_WORKER), "0", "--concurrency", "8", "--poll", "0.05",
-             "--id", f"w{i}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+             "--id", f"w{i}", "--lease", "15"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE) for i in range(3)]
         for w in workers:
             assert w.wait(timeout=300) == 0, w.stderr.read() if w.stderr else ""
