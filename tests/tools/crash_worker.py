@@ -14,8 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from saga.application import SagaApplication  # noqa: E402
-from saga.cli import main  # noqa: E402
+from saga.application import SagaApplication
+from saga.cli import main
 
 limit = int(sys.argv[1])
 commits = 0
