@@ -60,6 +60,8 @@ def _emit_json(value: Any) -> None:
 tools_option = click.option("--tools", "tools", multiple=True, metavar="MODULE",
                             help="Import a Python module of tools (repeatable).")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+mode_option = click.option("--mode", type=click.Choice(["normal", "eco"]), default="normal",
+                           show_default=True, help="eco skips enhancement-layer steps.")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -120,17 +122,19 @@ def _parse_inputs(pairs: tuple[str, ...], inputs_file: str | None,
               help="An input value (repeatable); typed by the input's declared type.")
 @click.option("--inputs-file", type=click.Path(dir_okay=False), help="Inputs as JSON/YAML.")
 @click.option("--actor", help="Who is running this (default: SAGA_ACTOR or the OS user).")
+@mode_option
 @tools_option
 @json_option
 @_handle_errors
 def run(file: str, pairs: tuple[str, ...], inputs_file: str | None, actor: str | None,
-        tools: tuple[str, ...], as_json: bool) -> None:
+        mode: str, tools: tuple[str, ...], as_json: bool) -> None:
     """Start a run of FILE and drive it here until it finishes (or waits for approval)."""
     saga = _saga(tools)
     plan = saga.load(file)
     inputs = _parse_inputs(pairs, inputs_file, {s.name: s for s in plan.definition.inputs})
     with _Progress(enabled=not as_json) as progress:
-        result = saga.run(plan, inputs, actor=actor, on_events=progress.update)
+        result = saga.run(plan, inputs, actor=actor, options={"mode": mode},
+                          on_events=progress.update)
     _finish(result, as_json)
 
 
@@ -140,16 +144,17 @@ def run(file: str, pairs: tuple[str, ...], inputs_file: str | None, actor: str |
               help="An input value (repeatable); typed by the input's declared type.")
 @click.option("--inputs-file", type=click.Path(dir_okay=False), help="Inputs as JSON/YAML.")
 @click.option("--actor", help="Who is submitting this (default: SAGA_ACTOR or the OS user).")
+@mode_option
 @tools_option
 @json_option
 @_handle_errors
 def submit(file: str, pairs: tuple[str, ...], inputs_file: str | None, actor: str | None,
-           tools: tuple[str, ...], as_json: bool) -> None:
+           mode: str, tools: tuple[str, ...], as_json: bool) -> None:
     """Record a run of FILE without executing it; a worker will pick it up."""
     saga = _saga(tools)
     plan = saga.load(file)
     inputs = _parse_inputs(pairs, inputs_file, {s.name: s for s in plan.definition.inputs})
-    run = saga.submit(plan, inputs, actor=actor)
+    run = saga.submit(plan, inputs, actor=actor, options={"mode": mode})
     if as_json:
         _emit_json({"run_id": run.run_id, "status": run.status, "name": run.name})
     else:

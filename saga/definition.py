@@ -124,9 +124,13 @@ class Step(_Model):
     retry: RetryPolicy | None = None
     on_error: str = "fail"
     compensate: ToolCall | None = None
+    loop: str | list[Any] | None = None
+    loop_var: str = Field(default="item", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    loop_concurrency: int | None = Field(default=None, ge=1)
     idempotent: bool = False
     on_interrupt: Literal["retry", "fail", "compensate"] = "retry"
     parallel_group: str | int | None = None
+    layer: Literal["guarantee", "enhancement", "execution"] | None = None
     confirm: bool | str | None = None
 
     @field_validator("compensate", mode="before")
@@ -147,6 +151,8 @@ class Step(_Model):
             raise ValueError("a step needs exactly one of 'tool' or 'compute'")
         if self.compute is not None and self.parameters:
             raise ValueError("a compute step takes no parameters")
+        if self.loop is not None and self.tool is None:
+            raise ValueError("'loop' needs a tool step")
         if self.compensate is not None and self.compensate.tool is None and self.tool is None:
             raise ValueError("'compensate: true' needs a tool step (it uses the tool's own "
                              "compensation)")
@@ -156,6 +162,14 @@ class Step(_Model):
     def key(self) -> str:
         """The name this step's output is visible under: its output key, else its id."""
         return self.output_key or self.id
+
+    @property
+    def tolerates_failure(self) -> bool:
+        """True when the run goes on after this step fails for good: ``on_error:
+        continue``, or an enhancement-layer step that does not say otherwise."""
+        if self.on_error == "continue":
+            return True
+        return self.layer == "enhancement" and "on_error" not in self.model_fields_set
 
     @property
     def timeout_seconds(self) -> float | None:

@@ -10,6 +10,7 @@ it from there).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -142,6 +143,11 @@ class Run(Aggregate):
 
     def trigger_event(self, event_class: Any, **kwargs: Any) -> None:
         """Trigger an event as the next link of the run's chain."""
+        # Defaults are spelled out so the payload hash covers exactly what is stored.
+        for f in dataclasses.fields(event_class):
+            if f.name not in kwargs and f.default is not dataclasses.MISSING \
+                    and f.name not in CHAIN_FIELDS and f.name not in _ENVELOPE:
+                kwargs[f.name] = f.default
         timestamp = event_class.create_timestamp()
         actor = kwargs.pop("actor", None) or self.actor
         chain = _chain(event_class, self.version + 1, timestamp, actor, kwargs, self.head_hash)

@@ -30,11 +30,13 @@ from saga.errors import ExpressionError, LeaseLostError, ToolError
 from saga.plan import Plan, compile_plan
 from saga.scheduler import (
     CompensateStep,
+    CompleteStep,
     FailStep,
     FinishRun,
     RequestApproval,
     SkipStep,
     StartCompensation,
+    StartLoop,
     StartStep,
 )
 from saga.tools import Registry, ToolContext
@@ -204,7 +206,11 @@ class _Drive:
         run = self.run
         if isinstance(action, StartStep):
             return self._start(action)
-        if isinstance(action, SkipStep):
+        if isinstance(action, StartLoop):
+            run.start_step(action.step_id, 0, 1, {"items": action.items}, self.x.worker)
+        elif isinstance(action, CompleteStep):
+            run.complete_step(action.step_id, action.iteration, 1, action.output, 0)
+        elif isinstance(action, SkipStep):
             run.skip_step(action.step_id, action.iteration, action.reason)
         elif isinstance(action, FailStep):
             run.fail_step(action.step_id, action.iteration, action.attempt, action.error_type,

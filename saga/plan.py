@@ -147,6 +147,7 @@ def _graph(raw_steps: RawSteps) -> tuple[nx.DiGraph, list[Problem]]:
     graph = nx.DiGraph()
     problems: list[Problem] = []
     seen: dict[str, int] = {}
+    guarantees = [s["id"] for _, s in raw_steps if s.get("layer") == "guarantee"]
     for i, step in raw_steps:
         if step["id"] in seen:
             first = seen[step["id"]]
@@ -162,8 +163,16 @@ def _graph(raw_steps: RawSteps) -> tuple[nx.DiGraph, list[Problem]]:
                                         f"unknown step {dep!r}"))
             elif dep == step:
                 problems.append(Problem(f"steps[{i}].depends_on", "a step cannot depend on itself"))
+            elif step in guarantees and dep not in guarantees:
+                problems.append(Problem(f"steps[{i}].depends_on",
+                                        f"a guarantee step cannot wait for {dep!r}, which is "
+                                        "not a guarantee (guarantees run first)"))
             else:
                 graph.add_edge(dep, step)
+    # Guarantees run before everything else and block it (seed 003's layers).
+    for node in list(graph.nodes):
+        if node not in guarantees:
+            graph.add_edges_from((g, node) for g in guarantees if g in graph)
     try:
         cycle = nx.find_cycle(graph)
     except nx.NetworkXNoCycle:
@@ -217,6 +226,8 @@ def _step_problems(steps: list[tuple[int, Step]], graph: nx.DiGraph,
         for path, names in _step_references(step, where, problems):
             own = COMPENSATION_NAMES | {step.key, step.id}
             extra = own if path.startswith("compensate") else set()
+            if step.loop is not None and path != "loop":
+                extra = extra | {step.loop_var, "loop_index"}
             problems += _reference_problems(f"{where}.{path}", names, keys, upstream, extra)
     seen_keys: dict[str, str] = {}
     for i, step in steps:
@@ -280,6 +291,8 @@ def _step_references(step: Step, where: str,
                      problems: list[Problem]) -> Iterable[tuple[str, set[str]]]:
     """Names each templated part of a step reads, with static syntax problems recorded."""
     parts: list[tuple[str, Any, Any]] = [("parameters", step.parameters, expressions.references)]
+    if step.loop is not None:
+        parts.append(("loop", step.loop, expressions.references))
     if step.condition is not None:
         parts.append(("condition", step.condition, expressions.expression_references))
     if step.compute is not None:

@@ -18,11 +18,13 @@ from saga.domain import Run, payload_of
 from saga.plan import Plan, compile_plan
 from saga.scheduler import (
     CompensateStep,
+    CompleteStep,
     FailStep,
     FinishRun,
     RequestApproval,
     SkipStep,
     StartCompensation,
+    StartLoop,
     StartStep,
 )
 
@@ -59,7 +61,9 @@ def verify(events: list[Any], plan: Plan | None = None) -> Divergence | None:
 
 def _check(plan: Plan, run: Run, event: Any) -> Divergence | None:
     kind = type(event).__name__
-    if kind in _WORLD or (kind == "CompensationStarted" and event.requested):
+    derived = kind == "StepCompleted" and event.iteration == 0 \
+        and plan.step(event.step_id).loop is not None
+    if (kind in _WORLD and not derived) or (kind == "CompensationStarted" and event.requested):
         return None  # what the world, or a person's command, answered
     if kind == "StepFailed":
         return _check_failure(plan, run, event)
@@ -101,6 +105,12 @@ def _check_failure(plan: Plan, run: Run, event: Any) -> Divergence | None:
 
 
 def _matches(action: scheduler.Action, kind: str, e: Any) -> bool:
+    if isinstance(action, StartLoop):
+        return (kind == "StepStarted" and e.step_id == action.step_id and e.iteration == 0
+                and e.parameters == {"items": action.items})
+    if isinstance(action, CompleteStep):
+        return (kind == "StepCompleted" and e.step_id == action.step_id
+                and e.iteration == action.iteration and e.output == action.output)
     if isinstance(action, StartStep):
         return (kind == "StepStarted" and e.step_id == action.step_id
                 and e.attempt == action.attempt and e.parameters == action.parameters)

@@ -30,6 +30,24 @@ class StartStep:
 
 
 @dataclass(frozen=True)
+class StartLoop:
+    """Record a for-each step's ``StepStarted`` with the items it will iterate over; its
+    iterations (1-based) then start as steps of their own."""
+
+    step_id: str
+    items: list[Any]
+
+
+@dataclass(frozen=True)
+class CompleteStep:
+    """Record a ``StepCompleted`` the scheduler derives (a loop's list of outputs)."""
+
+    step_id: str
+    iteration: int
+    output: Any
+
+
+@dataclass(frozen=True)
 class SkipStep:
     """Record ``StepSkipped``."""
 
@@ -91,8 +109,8 @@ class FinishRun:
     actor: str | None = None
 
 
-Action = (StartStep | SkipStep | FailStep | RequestApproval | StartCompensation
-          | CompensateStep | FinishRun)
+Action = (StartStep | StartLoop | CompleteStep | SkipStep | FailStep | RequestApproval
+          | StartCompensation | CompensateStep | FinishRun)
 
 
 @dataclass
@@ -155,9 +173,21 @@ def _busy(view: _View) -> bool:
     return any(s["status"] == "running" or _retry_pending(s) for s in view.run.steps.values())
 
 
+def is_loop_parent(plan: Plan, state: dict[str, Any]) -> bool:
+    """True for the state of a for-each step itself (not one of its iterations)."""
+    return state["iteration"] == 0 and plan.step(state["step_id"]).loop is not None
+
+
+def _occupied(view: _View) -> int:
+    """Slots taken: attempts running or waiting for their retry (loop parents take none)."""
+    return sum(1 for s in view.run.steps.values()
+               if (s["status"] == "running" or _retry_pending(s))
+               and not is_loop_parent(view.plan, s))
+
+
 def _failed_for_good(view: _View, step: Step) -> bool:
     state = _state(view, step.id)
-    return state["status"] == "failed" and not _retry_pending(state) and step.on_error != "continue"
+    return state["status"] == "failed" and not _retry_pending(state) and not step.tolerates_failure
 
 
 def _blocking_failure(view: _View) -> str | None:
@@ -176,10 +206,12 @@ def _finished(view: _View, step_id: str) -> bool:
 
 def _step_actions(view: _View) -> list[Action]:
     actions: list[Action] = []
-    slots = view.plan.definition.max_concurrency - sum(
-        1 for s in view.run.steps.values() if s["status"] == "running" or _retry_pending(s))
+    slots = [view.plan.definition.max_concurrency - _occupied(view)]
     for step_id, step in view.plan.steps.items():
         state = _state(view, step_id)
+        if step.loop is not None and state["status"] == "running":
+            actions += _iteration_actions(view, step, state, slots)
+            continue
         if _retry_pending(state):
             actions.append(StartStep(step_id, 0, state["attempt"] + 1,
                                      state.get("parameters"), not_before=state["retry_at"]))
@@ -195,16 +227,57 @@ def _step_actions(view: _View) -> list[Action]:
             continue
         action = _ready_action(view, step)
         if isinstance(action, StartStep):
-            if slots <= 0:
+            if slots[0] <= 0:
                 continue
-            slots -= 1
+            slots[0] -= 1
         if action is not None:
             actions.append(action)
     return actions
 
 
+def _iteration_actions(view: _View, step: Step, parent: dict[str, Any],
+                       slots: list[int]) -> list[Action]:
+    """A running for-each step: start, retry or wait for its iterations, then complete it
+    with their outputs in item order (or fail it once an iteration failed for good)."""
+    items = parent["parameters"]["items"]
+    states = [view.run.step(step_key(step.id, i)) for i in range(1, len(items) + 1)]
+    broken = [i for i, s in enumerate(states, 1) if s["status"] == "failed"
+              and not _retry_pending(s) and not step.tolerates_failure]
+    active = sum(1 for s in states if s["status"] == "running" or _retry_pending(s))
+    limit = step.loop_concurrency or len(items) or 1
+    actions: list[Action] = []
+    for i, state in enumerate(states, 1):
+        if _retry_pending(state):
+            actions.append(StartStep(step.id, i, state["attempt"] + 1, state.get("parameters"),
+                                     not_before=state["retry_at"]))
+        elif state["status"] == "pending" and not broken and active < limit and slots[0] > 0:
+            active, slots[0] = active + 1, slots[0] - 1
+            actions.append(_iteration_start(view, step, i, items[i - 1]))
+    if actions or active:
+        return actions
+    if broken:
+        error = states[broken[0] - 1].get("error") or {}
+        return [FailStep(step.id, 0, 1, error.get("type", "IterationFailed"),
+                         f"iteration {broken[0]}: {error.get('message', '')}")]
+    done = all(s["status"] in ("completed", "failed", "skipped") for s in states)
+    if not done:
+        return []
+    return [CompleteStep(step.id, 0, [s["output"] if s["status"] == "completed" else None
+                                      for s in states])]
+
+
+def _iteration_start(view: _View, step: Step, iteration: int, item: Any) -> Action:
+    names = dict(view.namespace, **{step.loop_var: item, "loop_index": iteration - 1})
+    try:
+        return StartStep(step.id, iteration, 1, expressions.render(step.parameters, names))
+    except ExpressionError as e:
+        return FailStep(step.id, iteration, 1, "ExpressionError", f"parameters: {e}")
+
+
 def _ready_action(view: _View, step: Step) -> Action | None:
     """What to do with a step whose dependencies have all finished."""
+    if step.layer == "enhancement" and view.run.context.get("mode") == "eco":
+        return SkipStep(step.id, 0, "eco mode")
     if step.condition is not None:
         try:
             if not expressions.evaluate(step.condition, view.namespace):
@@ -216,6 +289,15 @@ def _ready_action(view: _View, step: Step) -> Action | None:
         return approval if isinstance(approval, RequestApproval | FailStep) else None
     if step.compute is not None:
         return StartStep(step.id, 0, 1, {"compute": step.compute})
+    if step.loop is not None:
+        try:
+            items = expressions.render(step.loop, view.namespace)
+        except ExpressionError as e:
+            return FailStep(step.id, 0, 1, "ExpressionError", f"loop: {e}")
+        if not isinstance(items, list):
+            return FailStep(step.id, 0, 1, "ExpressionError",
+                            f"loop: expected a list, got {type(items).__name__}")
+        return StartLoop(step.id, items)
     try:
         parameters = expressions.render(step.parameters, view.namespace)
     except ExpressionError as e:
@@ -274,9 +356,11 @@ def _after_failure(view: _View, failed_step: str) -> list[Action]:
 
 
 def compensation_order(plan: Plan, run: Run) -> list[str]:
-    """Completed steps that declare a compensation, most recently completed first."""
+    """Completed steps (each completed loop iteration on its own) that declare a
+    compensation, most recently completed first."""
     return [key for key in reversed(run.completion_order)
-            if plan.step(run.steps[key]["step_id"]).compensate is not None]
+            if plan.step(run.steps[key]["step_id"]).compensate is not None
+            and not is_loop_parent(plan, run.steps[key])]
 
 
 def _compensation(view: _View) -> list[Action]:
@@ -290,6 +374,10 @@ def _compensation(view: _View) -> list[Action]:
         assert step.compensate is not None
         names = dict(view.namespace, output=state["output"],
                      parameters=state.get("parameters"), error=view.run.error)
+        if step.loop is not None:
+            items = view.run.steps[step_key(step.id)]["parameters"]["items"]
+            names.update({step.loop_var: items[state["iteration"] - 1],
+                          "loop_index": state["iteration"] - 1})
         if step.compensate.uses_tool_compensation:
             return [CompensateStep(step.id, state["iteration"], None, state.get("parameters"))]
         try:
@@ -320,12 +408,55 @@ def _partial_outputs(view: _View) -> dict[str, Any]:
 def _complete(view: _View) -> FinishRun:
     outputs_spec = view.plan.definition.outputs
     if outputs_spec is None:
-        return FinishRun("completed", _partial_outputs(view))
-    try:
-        return FinishRun("completed", expressions.render(outputs_spec, view.namespace))
-    except ExpressionError as e:
-        return FinishRun("failed", _partial_outputs(view),
-                         {"type": "ExpressionError", "message": f"outputs: {e}"})
+        outputs = _partial_outputs(view)
+    else:
+        try:
+            outputs = expressions.render(outputs_spec, view.namespace)
+        except ExpressionError as e:
+            return FinishRun("failed", _partial_outputs(view),
+                             {"type": "ExpressionError", "message": f"outputs: {e}"})
+    layers = layer_report(view.plan, view.run)
+    if layers and isinstance(outputs, dict):
+        outputs = dict(outputs, _layers=layers)
+    return FinishRun("completed", outputs)
+
+
+def layer_report(plan: Plan, run: Run) -> dict[str, Any]:
+    """Per layer: how many steps, which failed or were skipped, and the span of time its
+    steps took (from their recorded start and finish); ``degraded`` when an enhancement
+    failed. Empty when the composition uses no layers."""
+    report: dict[str, Any] = {}
+    for step in plan.definition.steps:
+        if step.layer is None:
+            continue
+        entry = report.setdefault(step.layer, {"steps": 0, "completed": 0, "failed": [],
+                                               "skipped": [], "duration_ms": 0,
+                                               "_start": None, "_end": None})
+        state = run.step(step_key(step.id))
+        entry["steps"] += 1
+        status = state["status"]
+        if status in ("completed", "compensated"):
+            entry["completed"] += 1
+        elif status in ("failed", "skipped"):
+            entry[status].append(step.id)
+        for edge, pick in (("_start", min), ("_end", max)):
+            moment = state.get("started_at" if edge == "_start" else "finished_at")
+            if moment is not None:
+                entry[edge] = moment if entry[edge] is None else pick(entry[edge], moment)
+    for entry in report.values():
+        start, end = entry.pop("_start"), entry.pop("_end")
+        if start and end:
+            entry["duration_ms"] = _span_ms(start, end)
+    if report:
+        report["degraded"] = bool(report.get("enhancement", {}).get("failed"))
+    return report
+
+
+def _span_ms(start: str, end: str) -> int:
+    from datetime import datetime
+
+    return round((datetime.fromisoformat(end) - datetime.fromisoformat(start))
+                 .total_seconds() * 1000)
 
 
 def interrupted(plan: Plan, run: Run) -> list[FailStep]:
@@ -338,7 +469,7 @@ def interrupted(plan: Plan, run: Run) -> list[FailStep]:
     """
     actions = []
     for state in run.steps.values():
-        if state["status"] != "running":
+        if state["status"] != "running" or is_loop_parent(plan, state):
             continue
         step = plan.step(state["step_id"])
         again = step.idempotent or step.on_interrupt == "retry"
@@ -374,8 +505,8 @@ def max_attempts(plan: Plan, step: Step) -> int:
         return int(step.on_error.split(":", 1)[1]) + 1
     handling = plan.definition.error_handling
     retries = handling.max_retries
-    if handling.failure_strategy == "retry" and retries == 0:
-        retries = 3
+    if (handling.failure_strategy == "retry" or step.layer == "execution") and retries == 0:
+        retries = 3  # execution-layer steps retry with backoff unless told otherwise
     return retries + 1
 
 

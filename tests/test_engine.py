@@ -345,3 +345,122 @@ def test_compensate_true_needs_a_tool_with_a_compensation(saga: Saga) -> None:
 
     with pytest.raises(DefinitionError, match="has no compensation of its own"):
         saga.load(chain({"id": "a", "tool": "echo", "compensate": True}))
+
+
+# -- for-each loops ----------------------------------------------------------------------
+
+LOOP = {"name": "batch", "steps": [
+    {"id": "list", "tool": "echo", "args": {"items": [{"key": "A-1"}, {"key": "A-2"},
+                                                       {"key": "A-3"}]}},
+    {"id": "update", "tool": "effect", "loop": "{{ list.items }}", "loop_var": "issue",
+     "args": {"value": "{{ issue.key }}", "index": "{{ loop_index }}"},
+     "compensate": {"tool": "undo", "args": {"what": "{{ issue.key }}"}}},
+    {"id": "after", "tool": "echo", "args": {"updated": "{{ update }}"}},
+]}
+
+
+def test_a_loop_runs_each_item_as_an_iteration_and_collects_outputs(saga: Saga) -> None:
+    run = saga.run(saga.load(LOOP))
+    assert run.status == "completed"
+    assert [c["params"]["value"] for c in calls("effect")] == ["A-1", "A-2", "A-3"]
+    assert sorted(c["key"] for c in calls("effect")) == [
+        f"{run.run_id}:update:{i}" for i in (1, 2, 3)]
+    assert run.steps["update"]["output"] == [
+        {"step": "update", "value": v} for v in ("A-1", "A-2", "A-3")]
+    assert run.steps["after"]["output"]["updated"][2] == {"step": "update", "value": "A-3"}
+    started = [e for e in saga.history(run.run_id)
+               if e["type"] == "StepStarted" and e["step_id"] == "update"]
+    assert started[0]["payload"]["parameters"]["items"][0] == {"key": "A-1"}
+    assert sorted(e["payload"]["iteration"] for e in started) == [0, 1, 2, 3]
+
+
+def test_a_failed_iteration_fails_the_loop_and_compensates_done_iterations(saga: Saga) -> None:
+    definition = json.loads(json.dumps(LOOP))
+    definition["steps"][1]["args"]["fail"] = "{{ issue.key == 'A-3' }}"
+    definition["steps"][1]["loop_concurrency"] = 1
+    run = saga.run(saga.load(definition))
+    assert run.status == "compensated"
+    assert run.failed_step == "update"
+    assert [c["params"]["what"] for c in calls("undo")] == ["A-2", "A-1"]
+    assert "after" not in run.steps
+
+
+def test_loop_concurrency_bounds_iterations(saga: Saga) -> None:
+    plan = saga.load({"name": "lc", "steps": [
+        {"id": "each", "tool": "block", "loop": [1, 2, 3, 4], "loop_concurrency": 2,
+         "args": {"seconds": 0.15, "n": "{{ item }}"}}]})
+    run = saga.run(plan)
+    assert run.status == "completed"
+    spans = sorted((c["start"], c["end"]) for c in calls("block"))
+    overlapping = max(sum(1 for s, e in spans if s < t < e) for t, _ in spans for t in [t + 1e-4])
+    assert overlapping <= 2
+    assert spans[1][0] < spans[0][1]  # two at once
+
+
+def test_an_empty_loop_completes_with_an_empty_list(saga: Saga) -> None:
+    run = saga.run(saga.load({"name": "empty", "steps": [
+        {"id": "each", "tool": "effect", "loop": "{{ inputs.items }}",
+         "args": {"value": "{{ item }}"}}]}), {"items": []})
+    assert run.status == "completed" and run.steps["each"]["output"] == []
+
+
+# -- layers (guarantee, enhancement, execution) and eco mode -------------------------------
+
+LAYERED = {"name": "gate", "steps": [
+    {"id": "work", "tool": "effect", "layer": "execution", "args": {"value": 1},
+     "depends_on": []},
+    {"id": "polish", "tool": "effect", "layer": "enhancement", "args": {"value": 2, "fail": True},
+     "depends_on": ["work"]},
+    {"id": "lint", "tool": "effect", "layer": "guarantee", "args": {"value": 0},
+     "depends_on": []},
+    {"id": "ship", "tool": "effect", "layer": "execution", "args": {"value": 3},
+     "depends_on": ["polish"]},
+]}
+
+
+def test_guarantees_run_first_and_enhancement_failures_degrade(saga: Saga) -> None:
+    plan = saga.load(LAYERED)
+    assert plan.levels()[0] == ["lint"]
+    run = saga.run(plan)
+    assert run.status == "completed"
+    assert [c["step"] for c in calls("effect")] == ["lint", "work", "polish", "ship"]
+    layers = run.outputs["_layers"]
+    assert layers["degraded"] is True
+    assert layers["enhancement"]["failed"] == ["polish"]
+    assert layers["guarantee"] == layers["guarantee"] | {"steps": 1, "completed": 1}
+    assert layers["execution"]["completed"] == 2
+    assert all(isinstance(layers[k]["duration_ms"], int) for k in ("guarantee", "execution"))
+
+
+def test_a_failed_guarantee_blocks_everything(saga: Saga) -> None:
+    definition = json.loads(json.dumps(LAYERED))
+    definition["steps"][2]["args"]["fail"] = True
+    run = saga.run(saga.load(definition))
+    assert run.status == "failed" and run.failed_step == "lint"
+    assert [c["step"] for c in calls("effect")] == ["lint"]
+
+
+def test_eco_mode_skips_enhancements(saga: Saga) -> None:
+    run = saga.run(saga.load(LAYERED), options={"mode": "eco"})
+    assert run.status == "completed"
+    assert run.steps["polish"]["status"] == "skipped"
+    assert run.steps["polish"]["reason"] == "eco mode"
+    assert run.outputs["_layers"]["degraded"] is False
+
+
+def test_execution_steps_retry_by_default(saga: Saga) -> None:
+    plan = saga.load({"name": "x", "steps": [
+        {"id": "a", "tool": "act", "layer": "execution", "args": {"fail_times": 2},
+         "retry": {"max_attempts": 3, "delay": 0.01}},
+        {"id": "b", "tool": "act", "layer": "execution", "args": {"fail_times": 1}}]})
+    assert saga.run(plan).status == "completed"
+    assert [c["attempt"] for c in calls("act") if c["step"] == "b"] == [1, 2]
+
+
+def test_a_guarantee_cannot_wait_for_other_layers(saga: Saga) -> None:
+    from saga.errors import DefinitionError
+
+    definition = json.loads(json.dumps(LAYERED))
+    definition["steps"][2]["depends_on"] = ["work"]
+    with pytest.raises(DefinitionError, match="guarantee step cannot wait"):
+        saga.load(definition)
