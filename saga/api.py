@@ -54,7 +54,7 @@ class Saga:
     def registry(self) -> Registry:
         """The available tools (loaded on first use)."""
         if self._registry is None:
-            self._registry = load_registry(self._tool_modules)
+            self._registry = load_registry(self._tool_modules, settings=self.settings)
         return self._registry
 
     @property

@@ -381,7 +381,7 @@ def tools(tools: tuple[str, ...], as_json: bool) -> None:
     """List the available tools."""
     registry = _saga(tools).registry
     rows = [{"name": t.name, "source": t.source, "description": t.description,
-             "compensation": t.compensate is not None} for t in registry]
+             "compensation": t.compensate is not None, "params": t.params} for t in registry]
     if as_json:
         _emit_json(rows)
         return

@@ -2,7 +2,15 @@
 
 A tool is registered with :func:`tool` (a decorator), from the ``saga.tools``
 entry-point group, or by importing a module named with ``--tools``, ``SAGA_TOOLS`` or
-``saga.toml``. Built-ins live in :mod:`saga.tools.builtin` and are always present.
+``saga.toml``. Built-ins are always present: ``noop``, ``echo``, ``sleep``, ``fail``
+(:mod:`saga.tools.builtin`) and the tools that reach real systems, ``shell``, ``http``,
+``sql``, ``file`` and ``git`` (one module each). Tools on MCP servers declared in
+``saga.toml`` are addressed as ``mcp.SERVER.TOOL`` (:mod:`saga.tools.mcp`); a server is
+started only when one of its tools is first looked up.
+
+A tool may declare a parameter schema (``Tool.params``, a JSON-schema-like dict checked
+by :mod:`saga.tools.schema`); ``compile_plan`` calls :meth:`Tool.check_parameters` so bad
+parameters are reported when a composition is loaded, before anything runs.
 """
 
 from __future__ import annotations
@@ -12,14 +20,21 @@ import inspect
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from saga.errors import ConfigError, UnknownToolError
+from saga.tools import schema as _schema
+
+if TYPE_CHECKING:
+    from saga.config import Settings
 
 ToolFunc = Callable[..., Any]
+#: A JSON-schema-like description of a tool's parameters (see :mod:`saga.tools.schema`).
+ParamSchema = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -49,55 +64,153 @@ class ToolContext:
 
 @dataclass(frozen=True)
 class Tool:
-    """A registered tool: the function, its optional compensation, where it came from."""
+    """A registered tool: the function, its optional compensation, where it came from.
+
+    Attributes:
+        name: how steps name it (``tool: shell``).
+        func: ``func(params, ctx)``, sync (run in a thread) or async.
+        compensate: the tool's own compensation ``compensate(params, output, ctx)``, used
+            by ``compensate: true`` with the step's recorded parameters and output.
+        description: one line for ``saga tools``.
+        source: ``builtin``, ``python:MODULE``, ``entry-point:...`` or ``mcp:SERVER``.
+        params: the parameter schema (JSON-schema-like dict), or None for "anything".
+        check: extra checks ``check(params) -> list[str]`` for rules a schema cannot say
+            (e.g. "exactly one of a, b"); called only when the schema found nothing.
+    """
 
     name: str
     func: ToolFunc
     compensate: ToolFunc | None = None
     description: str = ""
     source: str = "python"
+    params: ParamSchema | None = field(default=None, hash=False)
+    check: Callable[[dict[str, Any]], list[str]] | None = None
 
     @property
     def is_async(self) -> bool:
         """True when calling the function returns a coroutine."""
         return inspect.iscoroutinefunction(self.func)
 
+    def check_parameters(self, params: Any) -> list[str]:
+        """Problems with a step's parameters (templates count as "known at run time")."""
+        problems = _schema.check(self.params, params)
+        if not problems and self.check is not None and isinstance(params, dict):
+            problems = list(self.check(params))
+        return problems
+
+
+class ToolProvider(Protocol):
+    """A lazily loaded family of tools sharing a name prefix (e.g. one MCP server)."""
+
+    prefix: str
+
+    def load(self) -> list[Tool]:
+        """The tools (may start a process; raises ConfigError when it cannot)."""
+        ...
+
 
 class Registry:
-    """Tools by name."""
+    """Tools by name, plus providers whose tools are loaded on first use.
 
-    def __init__(self, tools: Iterable[Tool] = ()) -> None:
+    A provider (an MCP server) is asked for its tools only when a name with its prefix
+    is looked up (``get``, ``in``, ``tools()[name]``) or when every tool is listed
+    (iteration, ``names()``, ``len(tools())``).
+    """
+
+    def __init__(self, tools: Iterable[Tool] = (),
+                 providers: Iterable[ToolProvider] = ()) -> None:
         self._tools: dict[str, Tool] = {t.name: t for t in tools}
+        self._providers: list[ToolProvider] = list(providers)
+        self._loaded: set[int] = set()
+        self._lock = threading.RLock()
 
     def add(self, tool: Tool) -> Tool:
         """Register a tool (a later registration of the same name replaces the earlier)."""
         self._tools[tool.name] = tool
         return tool
 
+    def add_provider(self, provider: ToolProvider) -> None:
+        """Register a family of tools loaded when a name with its prefix is first used."""
+        self._providers.append(provider)
+
+    @property
+    def providers(self) -> list[ToolProvider]:
+        """The registered providers."""
+        return list(self._providers)
+
+    def _load(self, provider: ToolProvider) -> None:
+        with self._lock:
+            if id(provider) in self._loaded:
+                return
+            for t in provider.load():
+                self._tools.setdefault(t.name, t)
+            self._loaded.add(id(provider))
+
+    def _lookup(self, name: str) -> Tool | None:
+        found = self._tools.get(name)
+        if found is None:
+            for provider in self._providers:
+                if name.startswith(provider.prefix) and id(provider) not in self._loaded:
+                    self._load(provider)
+            found = self._tools.get(name)
+        return found
+
+    def load_all(self) -> None:
+        """Load every provider's tools now."""
+        for provider in self._providers:
+            self._load(provider)
+
     def get(self, name: str) -> Tool:
         """The tool with this name, or UnknownToolError."""
-        try:
-            return self._tools[name]
-        except KeyError:
-            raise UnknownToolError(f"unknown tool {name!r}") from None
+        found = self._lookup(name)
+        if found is None:
+            raise UnknownToolError(f"unknown tool {name!r}")
+        return found
 
-    def tools(self) -> dict[str, Tool]:
-        """Every registered tool by name (what validation checks steps against)."""
-        return dict(self._tools)
+    def tools(self) -> Mapping[str, Tool]:
+        """Every tool by name (what validation checks steps against), as a read-only
+        mapping that loads providers only for the names looked up in it."""
+        return _ToolMap(self)
 
     def names(self) -> set[str]:
-        """Every registered tool name."""
+        """Every tool name (loads every provider)."""
+        self.load_all()
         return set(self._tools)
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[Tool]:
+        self.load_all()
         return iter(sorted(self._tools.values(), key=lambda t: t.name))
 
     def __contains__(self, name: object) -> bool:
-        return name in self._tools
+        return isinstance(name, str) and self._lookup(name) is not None
 
     def copy(self) -> Registry:
         """A registry with the same tools that can be extended separately."""
-        return Registry(self._tools.values())
+        other = Registry(self._tools.values(), self._providers)
+        other._loaded = set(self._loaded)
+        return other
+
+
+class _ToolMap(Mapping[str, Tool]):
+    """A live, lazy view of a registry's tools."""
+
+    def __init__(self, registry: Registry) -> None:
+        self._registry = registry
+
+    def __getitem__(self, name: str) -> Tool:
+        found = self._registry._lookup(name) if isinstance(name, str) else None
+        if found is None:
+            raise KeyError(name)
+        return found
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._registry
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._registry.names()))
+
+    def __len__(self) -> int:
+        return len(self._registry.names())
 
 
 #: Tools registered with the :func:`tool` decorator anywhere in the process.
@@ -105,21 +218,26 @@ DECORATED = Registry()
 
 
 def tool(name: str, *, compensate: ToolFunc | None = None,
-         description: str | None = None) -> Callable[[ToolFunc], ToolFunc]:
+         description: str | None = None,
+         params: ParamSchema | None = None) -> Callable[[ToolFunc], ToolFunc]:
     """Register a Python function as a tool.
 
-    Example::
+    ``params`` is an optional parameter schema (``{"type": "object", "properties": {...},
+    "required": [...], "additionalProperties": False}``) checked when a composition is
+    loaded. Example::
 
         from saga import tool
 
-        @tool("greet")
+        @tool("greet", params={"type": "object", "required": ["name"],
+                               "properties": {"name": {"type": "string"}}})
         def greet(params: dict, ctx) -> dict:
             return {"message": f"hello {params['name']}", "key": ctx.idempotency_key}
     """
 
     def register(func: ToolFunc) -> ToolFunc:
         doc = description if description is not None else (inspect.getdoc(func) or "")
-        DECORATED.add(Tool(name, func, compensate, doc.split("\n")[0], f"python:{func.__module__}"))
+        DECORATED.add(Tool(name, func, compensate, doc.split("\n")[0],
+                           f"python:{func.__module__}", params))
         return func
 
     return register
@@ -143,12 +261,19 @@ def import_modules(modules: Iterable[str]) -> None:
             raise ConfigError(f"cannot import tools module {module!r}: {e}") from e
 
 
-def load_registry(modules: Iterable[str] = ()) -> Registry:
-    """Built-ins, entry-point tools and decorated tools (after importing ``modules``)."""
-    from saga.tools import builtin
+def load_registry(modules: Iterable[str] = (), settings: Settings | None = None) -> Registry:
+    """Built-ins, MCP servers' tools, entry-point tools and decorated tools (after
+    importing ``modules``).
 
+    ``settings`` supplies ``saga.toml`` (``Settings.file``): the shell allowlist, SQL
+    connections, file limits and ``[mcp.servers.NAME]``. Without it built-ins use their
+    defaults plus the environment (``SAGA_SHELL_ALLOW``) and no MCP server is declared.
+    """
+    from saga.tools import builtin, mcp
+
+    config: Mapping[str, Any] = settings.file if settings is not None else {}
     import_modules(modules)
-    registry = Registry(builtin.TOOLS)
+    registry = Registry(builtin.builtin_tools(config), mcp.providers(config))
     for ep in entry_points(group="saga.tools"):
         try:
             loaded = ep.load()

@@ -1,8 +1,14 @@
-"""Built-in tools, enough to compose examples without writing Python."""
+"""Built-in tools, enough to compose examples without writing Python.
+
+``noop``, ``echo``, ``sleep`` and ``fail`` live here; the tools that reach real systems
+(``shell``, ``http``, ``sql``, ``file``, ``git``) each have a module of their own and are
+built from saga.toml by :func:`builtin_tools`.
+"""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any
 
 from saga.errors import ToolError
@@ -43,3 +49,11 @@ TOOLS = [
     Tool("fail", fail, description="Fails with `message`; `times: N` fails only the first N "
                                    "attempts.", source="builtin"),
 ]
+
+
+def builtin_tools(config: Mapping[str, Any] | None = None) -> list[Tool]:
+    """Every built-in tool, configured from saga.toml data (``Settings.file``)."""
+    from saga.tools import file, git, http, shell, sql
+
+    config = config or {}
+    return [*TOOLS, *(module.make_tool(config) for module in (shell, http, sql, file, git))]

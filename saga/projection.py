@@ -1,0 +1,356 @@
+"""The read model: ``saga_runs`` and ``saga_steps`` tables maintained from the event log.
+
+A :class:`Projection` reads the application's notification log in pages, folds each page
+into rows, and writes the rows together with the last applied notification id (table
+``saga_projection_position``) in ONE transaction of its own connection. A projection that
+is stopped or killed therefore resumes exactly where its last commit left off: no event is
+missed and none is applied twice. Two further guards make concurrent projectors safe: the
+position is advanced with a compare-and-set (a loser re-reads and retries), and a run row
+remembers the last event ``version`` folded into it (an older event is ignored).
+
+The same SQL serves SQLite (the file ``saga.db`` the events live in; WAL) and PostgreSQL
+(the configured schema): only the placeholder differs. Timestamps are ISO-8601 UTC text
+with microseconds in both (so they sort as text, and rows compare equal across stores);
+``error`` columns hold the error object as JSON text (``{"message": ..., "type": ...}``).
+The tables are shared by every projection name in one database: run one projection
+(``name``) per database; the name only keys its position.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from eventsourcing.persistence import Notification
+
+from saga.application import SagaApplication
+from saga.database import Database
+from saga.domain import Run
+
+RUN_COLUMNS = ("run_id", "definition_name", "definition_version", "definition_hash", "status",
+               "actor", "started_at", "finished_at", "duration_ms", "failed_step", "error",
+               "version")
+STEP_COLUMNS = ("run_id", "step_id", "iteration", "status", "attempts", "started_at",
+                "finished_at", "duration_ms", "error", "compensated_at")
+
+# Valid in both dialects: TEXT/BIGINT/INTEGER exist in both, IF NOT EXISTS in both.
+DDL = (
+    """CREATE TABLE IF NOT EXISTS saga_runs (
+        run_id TEXT PRIMARY KEY, definition_name TEXT, definition_version TEXT,
+        definition_hash TEXT, status TEXT NOT NULL, actor TEXT, started_at TEXT,
+        finished_at TEXT, duration_ms BIGINT, failed_step TEXT, error TEXT,
+        version BIGINT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS saga_steps (
+        run_id TEXT NOT NULL, step_id TEXT NOT NULL, iteration INTEGER NOT NULL,
+        status TEXT NOT NULL, attempts INTEGER NOT NULL, started_at TEXT, finished_at TEXT,
+        duration_ms BIGINT, error TEXT, compensated_at TEXT,
+        PRIMARY KEY (run_id, step_id, iteration))""",
+    """CREATE TABLE IF NOT EXISTS saga_projection_position (
+        name TEXT PRIMARY KEY, position BIGINT NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS saga_runs_started_at ON saga_runs (started_at)",
+    "CREATE INDEX IF NOT EXISTS saga_runs_status ON saga_runs (status, started_at)",
+)
+_FOLLOW_CHUNK = 500  # follow() checks stop() at least every this many events
+
+_RUN_TOPICS = frozenset({
+    "saga.RunStarted", "saga.StepStarted", "saga.StepCompleted", "saga.StepFailed",
+    "saga.StepSkipped", "saga.ApprovalRequested", "saga.ApprovalGranted",
+    "saga.ApprovalRejected", "saga.CompensationStarted", "saga.StepCompensated",
+    "saga.CompensationFailed", "saga.RunCompleted", "saga.RunFailed", "saga.RunCompensated",
+    "saga.RunCancelled"})
+_DECISIONS = frozenset({"saga.ApprovalGranted", "saga.ApprovalRejected"})
+Row = dict[str, Any]
+StepKey = tuple[str, str, int]  # (run_id, step_id, iteration)
+
+
+def _upsert(table: str, columns: Sequence[str], key: Sequence[str]) -> str:
+    updates = ", ".join(f"{c} = excluded.{c}" for c in columns if c not in key)
+    return (f"INSERT INTO {table} ({', '.join(columns)}) "
+            f"VALUES ({', '.join('?' for _ in columns)}) "
+            f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates}")
+
+
+_UPSERT_RUN = _upsert("saga_runs", RUN_COLUMNS, ("run_id",))
+_UPSERT_STEP = _upsert("saga_steps", STEP_COLUMNS, ("run_id", "step_id", "iteration"))
+
+
+def _ts(value: datetime) -> str:
+    # Fixed-width UTC text: isoformat() drops microseconds when they are 0, which would
+    # break ordering as text.
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def _ms(start: str | None, end: str) -> int | None:
+    if start is None:
+        return None
+    delta = datetime.fromisoformat(end) - datetime.fromisoformat(start)
+    return round(delta.total_seconds() * 1000)
+
+
+def _json(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+class _Fold:
+    """Rows of one page's runs, and the pure fold of events into them."""
+
+    def __init__(self, runs: dict[str, Row], steps: dict[StepKey, Row]) -> None:
+        self.runs, self.steps = runs, steps
+        self.dirty_runs: set[str] = set()
+        self.dirty_steps: set[StepKey] = set()
+
+    def step(self, run_id: str, step_id: str, iteration: int) -> Row:
+        key = (run_id, step_id, iteration)
+        if key not in self.steps:
+            self.steps[key] = {c: None for c in STEP_COLUMNS} | {
+                "run_id": run_id, "step_id": step_id, "iteration": iteration,
+                "status": "pending", "attempts": 0}
+        self.dirty_steps.add(key)
+        return self.steps[key]
+
+    def apply(self, run_id: str, topic: str, e: Any, waiting: bool = False) -> None:
+        """Fold one event (``waiting``: approvals still pending after a decision)."""
+        run = self.runs.get(run_id)
+        if run is None:
+            run = self.runs[run_id] = {c: None for c in RUN_COLUMNS} | {
+                "run_id": run_id, "status": "running", "version": 0}
+        if e.originator_version <= run["version"]:
+            return  # already folded into this row: never apply an event twice
+        run["version"] = e.originator_version
+        self.dirty_runs.add(run_id)
+        ts = _ts(e.timestamp)
+        match topic:
+            case "saga.RunStarted":
+                d = e.definition
+                run.update(definition_name=str(d.get("name", "")),
+                           definition_version=str(d.get("version", "1")),
+                           definition_hash=e.definition_hash, actor=e.context.get("actor"),
+                           started_at=ts)
+            case "saga.StepStarted":
+                s = self.step(run_id, e.step_id, e.iteration)
+                # A retry clears the previous attempt's end; started_at stays the first
+                # attempt's start (as in the Run fold, so duration covers all attempts).
+                s.update(status="running", attempts=max(s["attempts"], e.attempt), error=None,
+                         started_at=s["started_at"] or ts, finished_at=None, duration_ms=None)
+            case "saga.StepCompleted" | "saga.StepFailed":
+                s = self.step(run_id, e.step_id, e.iteration)
+                failed = topic == "saga.StepFailed"
+                s.update(status="failed" if failed else "completed", finished_at=ts,
+                         duration_ms=_ms(s["started_at"], ts),
+                         error=_json({"type": e.error_type, "message": e.message})
+                         if failed else None)
+            case "saga.StepSkipped":
+                self.step(run_id, e.step_id, e.iteration).update(status="skipped",
+                                                                 finished_at=ts)
+            case "saga.StepCompensated":
+                self.step(run_id, e.step_id, e.iteration).update(status="compensated",
+                                                                 compensated_at=ts)
+            case "saga.ApprovalRequested":
+                run["status"] = "waiting"
+            case "saga.ApprovalGranted" | "saga.ApprovalRejected":
+                if run["status"] == "waiting" and not waiting:
+                    run["status"] = "running"
+            case "saga.CompensationStarted":
+                run["status"] = "compensating"
+            case "saga.RunCompleted":
+                self._finish(run, "completed", ts)
+            case "saga.RunFailed" | "saga.RunCompensated":
+                status = "failed" if topic == "saga.RunFailed" else "compensated"
+                self._finish(run, status, ts, e.error)
+                run["failed_step"] = e.failed_step
+            case "saga.RunCancelled":
+                self._finish(run, "cancelled", ts,
+                             {"type": "cancelled", "message": e.reason or "cancelled"})
+            # CompensationFailed changes no column: the step stays "completed".
+
+    @staticmethod
+    def _finish(run: Row, status: str, ts: str, error: Any = None) -> None:
+        run.update(status=status, finished_at=ts, duration_ms=_ms(run["started_at"], ts),
+                   error=_json(error))
+
+
+class Projection:
+    """Maintains ``saga_runs``/``saga_steps`` from ``app``'s event log; resumable.
+
+    One instance per thread (it owns one connection); many instances or processes may
+    run at once, each page is still applied exactly once.
+    """
+
+    def __init__(self, app: SagaApplication, name: str = "status") -> None:
+        """Open a connection of its own to the app's database (tables made on first use)."""
+        self.app = app
+        self.name = name
+        self._db = Database(app.settings)
+        self._ready = False
+
+    def create_tables(self) -> None:
+        """Create the tables and this projection's position row; idempotent, and safe
+        when many processes call it at once."""
+        self._db.create(DDL)
+        self._db.execute("INSERT INTO saga_projection_position (name, position) "
+                         "VALUES (?, 0) ON CONFLICT (name) DO NOTHING", (self.name,))
+        self._ready = True
+
+    def _ensure(self) -> None:
+        if not self._ready:
+            self.create_tables()
+
+    def position(self) -> int:
+        """The id of the last notification applied (0 if none)."""
+        self._ensure()
+        rows = self._db.query("SELECT position FROM saga_projection_position WHERE name = ?",
+                              (self.name,))
+        return int(rows[0]["position"]) if rows else 0
+
+    def head(self) -> int:
+        """The highest notification id in the log (0 if the log is empty)."""
+        return int(self.app.recorder.max_notification_id() or 0)
+
+    def catch_up(self, limit: int | None = None, page: int = 500) -> int:
+        """Apply up to ``limit`` notifications (all up to the current head if None), in
+        pages of ``page``, one transaction per page; return how many were applied."""
+        self._ensure()
+        target, position, applied = self.head(), self.position(), 0
+        while position < target and (limit is None or applied < limit):
+            size = page if limit is None else min(page, limit - applied)
+            # Read outside our transaction: no I/O to the event store while we hold locks.
+            notes = self.app.recorder.select_notifications(
+                start=position + 1, stop=target, limit=size, inclusive_of_start=True)
+            if not notes:
+                break
+            if self._apply_page(position, notes):
+                applied += len(notes)
+                position = notes[-1].id
+            else:
+                position = self.position()  # another projector moved it: start from there
+        return applied
+
+    def follow(self, poll_interval: float = 0.5,
+               stop: Callable[[], bool] | None = None) -> None:
+        """Keep catching up until ``stop()`` returns true (forever if no ``stop``),
+        sleeping ``poll_interval`` seconds whenever there is nothing new. Errors
+        propagate: run it under a supervisor that restarts it."""
+        while not (stop is not None and stop()):
+            if self.catch_up(limit=_FOLLOW_CHUNK) == 0:
+                time.sleep(poll_interval)
+
+    def rebuild(self) -> int:
+        """Delete every row and reset the position in one transaction, then catch up
+        from the start of the log; return how many notifications were applied."""
+        self._ensure()
+        with self._db.tx() as cur:
+            # Position first: it locks the row a concurrent projector compares-and-sets.
+            cur.execute(self._db.sql("UPDATE saga_projection_position SET position = 0 "
+                                     "WHERE name = ?"), (self.name,))
+            cur.execute("DELETE FROM saga_steps")
+            cur.execute("DELETE FROM saga_runs")
+        return self.catch_up()
+
+    def runs(self, status: str | None = None, limit: int | None = 50,
+             since: str | None = None) -> list[dict[str, Any]]:
+        """Runs newest first, optionally only one ``status`` and those started at or
+        after ``since`` (ISO-8601; a naive time is UTC); dicts of the saga_runs columns."""
+        self._ensure()
+        where, args = [], []
+        if status is not None:
+            where.append("status = ?")
+            args.append(status)
+        if since is not None:
+            where.append("started_at >= ?")
+            args.append(_ts(datetime.fromisoformat(since)))
+        text = f"SELECT {', '.join(RUN_COLUMNS)} FROM saga_runs"
+        text += f" WHERE {' AND '.join(where)}" if where else ""
+        text += " ORDER BY started_at DESC, run_id DESC"
+        if limit is not None:
+            text += " LIMIT ?"
+            args.append(limit)
+        return self._db.query(text, args)
+
+    def steps(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's step executions in the order they started (never-started last)."""
+        self._ensure()
+        return self._db.query(
+            f"SELECT {', '.join(STEP_COLUMNS)} FROM saga_steps WHERE run_id = ? "
+            "ORDER BY started_at IS NULL, started_at, step_id, iteration", (str(run_id),))
+
+    def close(self) -> None:
+        """Close the projection's connection (the app is the caller's to close)."""
+        self._db.close()
+
+    # -- applying a page ---------------------------------------------------------------
+
+    def _apply_page(self, position: int, notes: Sequence[Notification]) -> bool:
+        """Fold ``notes`` (read after ``position``) and commit rows + new position at
+        once; False (nothing written) if the stored position is no longer ``position``."""
+        events = []
+        for n in notes:
+            if n.topic not in _RUN_TOPICS:
+                continue  # e.g. another app sharing the SQLite file: skip, but move past
+            waiting = n.topic in _DECISIONS and self._still_waiting(n)
+            events.append((str(n.originator_id), n.topic, self.app.mapper.to_domain_event(n),
+                           waiting))
+        run_ids = sorted({e[0] for e in events})
+        with self._db.tx() as cur:
+            # Compare-and-set before any write: in PostgreSQL this row lock makes a
+            # concurrent projector wait, then see 0 rows and back off.
+            cur.execute(self._db.sql("UPDATE saga_projection_position SET position = ? "
+                                     "WHERE name = ? AND position = ?"),
+                        (notes[-1].id, self.name, position))
+            if cur.rowcount != 1:
+                return False
+            fold = _Fold(*self._load(cur, run_ids))
+            for run_id, topic, event, waiting in events:
+                fold.apply(run_id, topic, event, waiting)
+            self._write(cur, fold)
+        return True
+
+    def _still_waiting(self, n: Notification) -> bool:
+        """True if approvals are still pending after the decision ``n`` (which needs the
+        run's earlier requests; read from the log, outside any transaction)."""
+        pending: set[str] = set()
+        for e in self.app.repository.event_store.get(n.originator_id, lte=n.originator_version):
+            if isinstance(e, Run.ApprovalRequested):
+                pending.add(e.step_id)
+            elif isinstance(e, Run.ApprovalGranted | Run.ApprovalRejected):
+                pending.discard(e.step_id)
+        return bool(pending)
+
+    def _load(self, cur: Any, run_ids: list[str]) -> tuple[dict[str, Row], dict[StepKey, Row]]:
+        """The stored rows of these runs (read inside the page's transaction)."""
+        runs: dict[str, Row] = {}
+        steps: dict[StepKey, Row] = {}
+        if not run_ids:
+            return runs, steps
+        marks = ", ".join("?" for _ in run_ids)
+        cur.execute(self._db.sql(f"SELECT {', '.join(RUN_COLUMNS)} FROM saga_runs "
+                                 f"WHERE run_id IN ({marks})"), run_ids)
+        for row in cur.fetchall():
+            runs[row[0]] = dict(zip(RUN_COLUMNS, row, strict=True))
+        cur.execute(self._db.sql(f"SELECT {', '.join(STEP_COLUMNS)} FROM saga_steps "
+                                 f"WHERE run_id IN ({marks})"), run_ids)
+        for row in cur.fetchall():
+            steps[(row[0], row[1], row[2])] = dict(zip(STEP_COLUMNS, row, strict=True))
+        return runs, steps
+
+    def _write(self, cur: Any, fold: _Fold) -> None:
+        run_rows = [tuple(fold.runs[k][c] for c in RUN_COLUMNS) for k in sorted(fold.dirty_runs)]
+        step_rows = [tuple(fold.steps[k][c] for c in STEP_COLUMNS)
+                     for k in sorted(fold.dirty_steps)]
+        if run_rows:
+            cur.executemany(self._db.sql(_UPSERT_RUN), run_rows)
+        if step_rows:
+            cur.executemany(self._db.sql(_UPSERT_STEP), step_rows)
+
+
+def snapshot_tables(p: Projection) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """Every row of saga_runs and saga_steps, sorted, for equality checks."""
+    runs = p._db.query(f"SELECT {', '.join(RUN_COLUMNS)} FROM saga_runs ORDER BY run_id")
+    steps = p._db.query(f"SELECT {', '.join(STEP_COLUMNS)} FROM saga_steps "
+                        "ORDER BY run_id, step_id, iteration")
+    return ([tuple(r[c] for c in RUN_COLUMNS) for r in runs],
+            [tuple(s[c] for c in STEP_COLUMNS) for s in steps])

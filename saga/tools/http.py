@@ -1,0 +1,153 @@
+"""The ``http`` tool: one HTTP request with httpx.
+
+Parameters:
+    method: default ``GET``.
+    url: required.
+    headers: a mapping of header names to values.
+    params: query parameters (a mapping).
+    json: a JSON body; or ``body``: a text body (not both).
+    timeout: seconds (default 30).
+    expect: the statuses that count as success (default: any 2xx).
+    follow_redirects: default true.
+    idempotency_key: send ``Idempotency-Key: <ctx.idempotency_key>`` (the same on every
+        attempt; ``...:compensate`` for the undo) unless the headers set one; default true
+        for every method but GET, HEAD and OPTIONS.
+    undo: the request the tool's own compensation sends (``compensate: true``):
+        ``{method, url, headers, params, json | body, expect, timeout}``. It is rendered
+        with the step's parameters, before the step runs; to use the response, write an
+        explicit compensate block instead (``compensate: {tool: http, args: {url:
+        "https://api/items/{{ output.body.id }}", method: DELETE}}``).
+
+Output: ``{"status", "headers", "body"}``; the body is parsed JSON when the response says
+it is JSON (``application/json`` or ``+json``), otherwise text.
+
+Errors: ``HTTPStatus`` for a status outside ``expect`` (retryable for 5xx and 429, not for
+other statuses; ``details`` holds status and body), ``HTTPError`` for connection
+problems and timeouts (retryable; not for a malformed URL).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from saga.errors import ToolError
+from saga.tools import Tool, ToolContext
+from saga.tools.schema import is_template
+
+_REQUEST: dict[str, Any] = {
+    "method": {"type": "string"},
+    "url": {"type": "string", "minLength": 1},
+    "headers": {"type": "object", "additionalProperties": {"type": ["string", "number"]}},
+    "params": {"type": "object"},
+    "json": {},
+    "body": {"type": "string"},
+    "timeout": {"type": "number", "minimum": 0},
+    "expect": {"type": "array", "items": {"type": "integer"}},
+    "follow_redirects": {"type": "boolean"},
+    "idempotency_key": {"type": "boolean"},
+}
+
+PARAMS: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        **_REQUEST,
+        "undo": {"type": "object", "properties": _REQUEST, "required": ["url"],
+                 "additionalProperties": False},
+    },
+    "required": ["url"],
+    "additionalProperties": False,
+}
+
+
+METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")
+
+
+def _check(params: dict[str, Any]) -> list[str]:
+    problems = []
+    for where, spec in (("", params), ("undo: ", params.get("undo"))):
+        if not isinstance(spec, dict):
+            continue
+        if "json" in spec and "body" in spec:
+            problems.append(f"{where}give either json or body, not both")
+        method = spec.get("method")
+        if isinstance(method, str) and not is_template(method) and method.upper() not in METHODS:
+            problems.append(f"{where}method {method!r} is not one of {', '.join(METHODS)}")
+    return problems
+
+
+async def request(spec: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    """Send the request ``spec`` describes; the output dict or ToolError."""
+    method = str(spec.get("method") or "GET").upper()
+    headers = {str(k): str(v) for k, v in dict(spec.get("headers") or {}).items()}
+    use_key = spec.get("idempotency_key")
+    if use_key is None:
+        use_key = method not in ("GET", "HEAD", "OPTIONS")
+    if use_key and not any(k.lower() == "idempotency-key" for k in headers):
+        headers["Idempotency-Key"] = ctx.idempotency_key
+    kwargs: dict[str, Any] = {"headers": headers}
+    if spec.get("params"):
+        kwargs["params"] = {str(k): v for k, v in dict(spec["params"]).items()}
+    if "json" in spec:
+        kwargs["json"] = spec["json"]
+    elif spec.get("body") is not None:
+        kwargs["content"] = str(spec["body"]).encode()
+    timeout = float(spec.get("timeout") or 30)
+    url = str(spec.get("url") or "")
+    try:
+        async with httpx.AsyncClient(timeout=timeout,
+                                     follow_redirects=spec.get("follow_redirects", True)) as c:
+            response = await c.request(method, url, **kwargs)
+    except (httpx.InvalidURL, httpx.UnsupportedProtocol) as e:
+        raise ToolError(f"{method} {url}: {e}", error_type="HTTPError", retryable=False) from e
+    except httpx.HTTPError as e:
+        raise ToolError(f"{method} {url} failed: {type(e).__name__}: {e}".rstrip(": "),
+                        error_type="HTTPError", retryable=True) from e
+    result = {"status": response.status_code,
+              "headers": {k: ", ".join(response.headers.get_list(k)) for k in response.headers},
+              "body": _body(response)}
+    expect = spec.get("expect")
+    ok = response.status_code in expect if expect else 200 <= response.status_code < 300
+    if not ok:
+        text = response.text.strip()
+        tail = (": " + text[-300:]) if text else ""
+        status = response.status_code
+        raise ToolError(f"{method} {url} returned {status} {response.reason_phrase}{tail}",
+                        error_type="HTTPStatus", retryable=status >= 500 or status == 429,
+                        details={"status": status, "body": result["body"]})
+    return result
+
+
+def _body(response: httpx.Response) -> Any:
+    ctype = response.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype == "application/json" or ctype.endswith("+json"):
+        if not response.content.strip():
+            return None
+        try:
+            return response.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return response.text
+    return response.text
+
+
+async def http(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    """Sends an HTTP request; returns status, headers and body."""
+    return await request({k: v for k, v in params.items() if k != "undo"}, ctx)
+
+
+async def undo(params: dict[str, Any], output: Any, ctx: ToolContext) -> dict[str, Any]:
+    """Sends the step's ``undo`` request."""
+    spec = params.get("undo")
+    if not isinstance(spec, dict) or not spec.get("url"):
+        raise ToolError("http step has no undo request to compensate with",
+                        error_type="NoCompensation", retryable=False)
+    return await request(spec, ctx)
+
+
+def make_tool(config: Mapping[str, Any]) -> Tool:
+    """The ``http`` tool."""
+    return Tool("http", http, undo, "Sends an HTTP request; `undo` is the request that "
+                "compensates.", "builtin", PARAMS, _check)

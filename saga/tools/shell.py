@@ -1,0 +1,171 @@
+"""The ``shell`` tool: run one allowlisted program with an argv list (never a shell string).
+
+Parameters:
+    argv: the program and its arguments, a list of strings (required).
+    cwd: the working directory.
+    env: variables merged over saga's own environment.
+    input: text written to the program's standard input (default: none, stdin is empty).
+    timeout: seconds; the program (and its process group) is killed when it is exceeded.
+    allow_exit_codes: exit codes that count as success (default ``[0]``).
+    undo_argv: the argv run, with the same cwd/env/timeout and allowlist, by the tool's
+        own compensation (``compensate: true``). Without it the compensation fails.
+
+Output: ``{"exit_code", "stdout", "stderr"}`` (text, each capped at 1 MiB; a
+``"truncated": true`` key says when something was cut).
+
+Allowlist: ``[shell] allow = ["git", "echo", "/opt/bin/deploy"]`` in saga.toml, or
+``SAGA_SHELL_ALLOW=git,echo`` (the environment wins). An entry without a slash allows that
+program as found on saga's own ``PATH`` (whether named by its bare name or by that full
+path); an entry with a slash allows exactly that file. Nothing is allowed by default. A
+refused program fails with error type ``NotAllowed`` (not retryable) and is never started.
+Errors: ``NotAllowed``, ``NotFound`` (not retryable), ``ExitCode`` (an exit code outside
+``allow_exit_codes``; the message ends with the tail of stderr), ``timeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+from collections.abc import Mapping
+from typing import Any
+
+from saga.errors import ToolError
+from saga.tools import Tool, ToolContext
+
+MAX_OUTPUT = 1 << 20
+_STRINGS = {"type": "array", "items": {"type": "string"}}
+
+PARAMS: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "argv": {**_STRINGS, "minItems": 1},
+        "cwd": {"type": "string"},
+        "env": {"type": "object", "additionalProperties": {"type": ["string", "number"]}},
+        "input": {"type": "string"},
+        "timeout": {"type": "number", "minimum": 0},
+        "allow_exit_codes": {"type": "array", "items": {"type": "integer"}},
+        "undo_argv": {**_STRINGS, "minItems": 1},
+    },
+    "required": ["argv"],
+    "additionalProperties": False,
+}
+
+
+def allowlist(config: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> list[str]:
+    """The allowed programs: ``SAGA_SHELL_ALLOW`` if set, else saga.toml ``[shell] allow``."""
+    environ = os.environ if environ is None else environ
+    if environ.get("SAGA_SHELL_ALLOW") is not None:
+        return [p.strip() for p in environ["SAGA_SHELL_ALLOW"].split(",") if p.strip()]
+    section = config.get("shell") or {}
+    allow = section.get("allow", []) if isinstance(section, dict) else []
+    return [str(p) for p in allow] if isinstance(allow, list) else []
+
+
+def resolve_program(program: str, allow: list[str]) -> str:
+    """The full path to run for ``program``, or ToolError NotAllowed / NotFound.
+
+    Bare names are looked up on saga's own PATH, never on the step's ``env``, so a step
+    cannot swap an allowed name for another program.
+    """
+    names = {a for a in allow if "/" not in a}
+    paths = {os.path.realpath(a) for a in allow if "/" in a}
+    if "/" in program:
+        found = os.path.realpath(program) if os.path.isfile(program) else None
+        base = os.path.basename(program)
+        via_path = shutil.which(base) if base in names else None
+        allowed = (found is not None and found in paths) or (
+            via_path is not None and found == os.path.realpath(via_path))
+        if not allowed and found is None and (program in allow or base in names):
+            raise ToolError(f"program {program!r} not found", error_type="NotFound",
+                            retryable=False)
+    else:
+        found = shutil.which(program)
+        allowed = found is not None and (program in names or os.path.realpath(found) in paths)
+        if found is None and program in names:
+            raise ToolError(f"program {program!r} not found on PATH", error_type="NotFound",
+                            retryable=False)
+    if not allowed or found is None:
+        shown = ", ".join(allow) if allow else "nothing (set [shell] allow or SAGA_SHELL_ALLOW)"
+        raise ToolError(f"program {program!r} is not in the shell allowlist (allowed: {shown})",
+                        error_type="NotAllowed", retryable=False)
+    return found
+
+
+async def run_argv(argv: list[str], params: dict[str, Any], allow: list[str]) -> dict[str, Any]:
+    """Run ``argv`` with the options in ``params``; the output dict or ToolError."""
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        raise ToolError("argv must be a non-empty list of strings (no shell string)",
+                        error_type="BadParameters", retryable=False)
+    executable = resolve_program(argv[0], allow)
+    env = None
+    if params.get("env"):
+        env = {**os.environ, **{str(k): str(v) for k, v in dict(params["env"]).items()}}
+    timeout = params.get("timeout")
+    stdin_text = params.get("input")
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, executable=executable, cwd=params.get("cwd"), env=env,
+            stdin=asyncio.subprocess.PIPE if stdin_text is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            start_new_session=True)
+    except OSError as e:
+        raise ToolError(f"cannot start {argv[0]!r}: {e}", error_type="NotFound",
+                        retryable=False) from e
+    try:
+        data = stdin_text.encode() if stdin_text is not None else None
+        out, err = await asyncio.wait_for(proc.communicate(data),
+                                          float(timeout) if timeout else None)
+    except TimeoutError:
+        await _kill(proc)
+        raise ToolError(f"{argv[0]} timed out after {float(timeout):g}s and was killed",
+                        error_type="timeout", retryable=True) from None
+    except BaseException:  # cancelled by the executor's step timeout, or anything else
+        await _kill(proc)
+        raise
+    result: dict[str, Any] = {"exit_code": proc.returncode, "stdout": _text(out),
+                              "stderr": _text(err)}
+    if len(out) > MAX_OUTPUT or len(err) > MAX_OUTPUT:
+        result["truncated"] = True
+    allowed_codes = params.get("allow_exit_codes") or [0]
+    if proc.returncode not in allowed_codes:
+        tail = result["stderr"].strip()[-500:] or result["stdout"].strip()[-500:]
+        raise ToolError(f"{argv[0]} exited with code {proc.returncode}"
+                        + (f": {tail}" if tail else ""),
+                        error_type="ExitCode", retryable=False, details=result)
+    return result
+
+
+async def _kill(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+    with contextlib.suppress(Exception):  # drain and close the pipes
+        await asyncio.wait_for(proc.communicate(), 5)
+
+
+def _text(data: bytes) -> str:
+    return data[:MAX_OUTPUT].decode("utf-8", errors="replace")
+
+
+def make_tool(config: Mapping[str, Any]) -> Tool:
+    """The ``shell`` tool, reading its allowlist from ``config`` and the environment."""
+
+    async def shell(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        """Runs an allowlisted program from an argv list."""
+        return await run_argv(params.get("argv"), params, allowlist(config))
+
+    async def undo(params: dict[str, Any], output: Any, ctx: ToolContext) -> dict[str, Any]:
+        undo_argv = params.get("undo_argv")
+        if not undo_argv:
+            raise ToolError("shell step has no undo_argv to compensate with",
+                            error_type="NoCompensation", retryable=False)
+        return await run_argv(undo_argv, params, allowlist(config))
+
+    return Tool("shell", shell, undo,
+                "Runs an allowlisted program from an argv list; undo_argv compensates.",
+                "builtin", PARAMS)

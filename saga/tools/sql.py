@@ -1,0 +1,252 @@
+"""The ``sql`` tool: parameterised statements on SQLite or PostgreSQL, in one transaction.
+
+Parameters:
+    connection: a name from saga.toml ``[sql.connections]`` or a URL
+        (``postgresql://user@host:5432/db``, ``sqlite:///relative.db``,
+        ``sqlite:////absolute/path.db``). Required.
+    statement: one statement; ``params`` its parameters, a list (``?`` for SQLite, ``%s``
+        for PostgreSQL) or a mapping (``:name`` / ``%(name)s``). Values are always bound by
+        the driver, never formatted into the text.
+    statements: instead of ``statement``, a list of ``{statement, params}`` run in order
+        in the same transaction (all or nothing).
+    fetch: whether to return rows (default: whenever the statement produces rows, e.g.
+        ``SELECT`` or ``... RETURNING``).
+    timeout: seconds; a statement timeout on PostgreSQL, the lock wait on SQLite.
+    undo_statement, undo_params: what the tool's own compensation (``compensate: true``)
+        runs, on the same connection. Without ``undo_params`` the undo statement runs once
+        per row the step returned, with that row as named parameters (so ``INSERT ...
+        RETURNING id`` pairs with ``DELETE FROM t WHERE id = :id``), or once without
+        parameters when the step returned no rows. Both are rendered before the step
+        runs; to use other parts of the output, write an explicit compensate block, where
+        the step's output is ``{{ output }}`` (``params: ["{{ output.rows[0].id }}"]``).
+
+Output: ``{"rows": [{column: value}, ...], "rowcount": n}`` for the (last) statement; with
+``statements`` also ``"results"``, one such object per statement. Values that are not JSON
+become JSON: decimals become numbers, times ISO strings, UUIDs strings, bytes base64.
+
+Errors: ``SQLError`` with the driver's message (not retryable; the transaction is rolled
+back), ``SQLConnectionError`` when the database cannot be reached (retryable).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+import sqlite3
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from saga.errors import ToolError
+from saga.tools import Tool, ToolContext
+from saga.tools.schema import is_template
+
+_BIND = {"type": ["array", "object"]}
+PARAMS: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "connection": {"type": "string", "minLength": 1},
+        "statement": {"type": "string", "minLength": 1},
+        "params": _BIND,
+        "statements": {"type": "array", "minItems": 1, "items": {
+            "type": "object", "required": ["statement"], "additionalProperties": False,
+            "properties": {"statement": {"type": "string"}, "params": _BIND}}},
+        "fetch": {"type": "boolean"},
+        "timeout": {"type": "number", "minimum": 0},
+        "undo_statement": {"type": "string", "minLength": 1},
+        "undo_params": _BIND,
+    },
+    "required": ["connection"],
+    "additionalProperties": False,
+}
+
+
+def connections(config: Mapping[str, Any]) -> dict[str, str]:
+    """Named connections from saga.toml ``[sql.connections]`` (a URL or ``{url = ...}``)."""
+    section = config.get("sql") or {}
+    named = section.get("connections", {}) if isinstance(section, dict) else {}
+    out = {}
+    for name, value in (named or {}).items():
+        url = value.get("url") if isinstance(value, dict) else value
+        if isinstance(url, str):
+            out[str(name)] = url
+    return out
+
+
+def resolve_url(connection: str, config: Mapping[str, Any]) -> str:
+    """The URL a connection name (or URL) stands for, or ToolError."""
+    if "://" in connection or connection.startswith("sqlite:"):
+        return connection
+    try:
+        return connections(config)[connection]
+    except KeyError:
+        known = ", ".join(sorted(connections(config))) or "none"
+        raise ToolError(f"unknown SQL connection {connection!r} (declared: {known})",
+                        error_type="SQLError", retryable=False) from None
+
+
+def execute(url: str, statements: list[tuple[str, Any]], fetch: bool | None = None,
+            timeout: float | None = None) -> list[dict[str, Any]]:
+    """Run statements in one transaction; one ``{rows, rowcount}`` per statement."""
+    if url.startswith(("postgresql://", "postgres://")):
+        return _postgres(url, statements, fetch, timeout)
+    if url.startswith("sqlite:"):
+        return _sqlite(_sqlite_path(url), statements, fetch, timeout)
+    raise ToolError(f"unsupported SQL URL {url.split('://')[0]!r}: use postgresql:// or "
+                    "sqlite:///path", error_type="SQLError", retryable=False)
+
+
+def _sqlite_path(url: str) -> str:
+    rest = url.removeprefix("sqlite:").removeprefix("//")
+    path = rest[1:] if rest.startswith("/") else rest
+    if not path:
+        raise ToolError(f"SQLite URL {url!r} names no file (sqlite:///path.db)",
+                        error_type="SQLError", retryable=False)
+    return path
+
+
+def _sqlite(path: str, statements: list[tuple[str, Any]], fetch: bool | None,
+            timeout: float | None) -> list[dict[str, Any]]:
+    if path != ":memory:" and not Path(path).parent.is_dir():
+        raise ToolError(f"SQLite database directory {str(Path(path).parent)!r} does not exist",
+                        error_type="SQLConnectionError", retryable=False)
+    conn = sqlite3.connect(path, timeout=timeout or 30, isolation_level=None)
+    conn.row_factory = sqlite3.Row
+    try:
+        results = []
+        conn.execute("BEGIN")
+        for statement, params in statements:
+            cur = conn.execute(statement, _bind(params, ()))
+            results.append(_result(cur, fetch, lambda r: dict(zip(r.keys(), r, strict=True))))
+        conn.execute("COMMIT")
+        return results
+    except sqlite3.Error as e:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise ToolError(f"{type(e).__name__}: {e}", error_type="SQLError",
+                        retryable=False) from e
+    finally:
+        conn.close()
+
+
+def _postgres(url: str, statements: list[tuple[str, Any]], fetch: bool | None,
+              timeout: float | None) -> list[dict[str, Any]]:
+    try:
+        import psycopg
+        from psycopg.rows import dict_row
+    except ImportError as e:  # pragma: no cover - psycopg is the postgres extra
+        raise ToolError("PostgreSQL needs psycopg (pip install 'saga[postgres]')",
+                        error_type="SQLError", retryable=False) from e
+    try:
+        conn = psycopg.connect(url, row_factory=dict_row, connect_timeout=10)
+    except psycopg.OperationalError as e:
+        raise ToolError(f"cannot connect: {e}".strip(), error_type="SQLConnectionError",
+                        retryable=True) from e
+    try:
+        with conn:  # commits on success, rolls back on an error, closes
+            if timeout:
+                conn.execute("SELECT set_config('statement_timeout', %s, true)",
+                             [str(int(float(timeout) * 1000))])
+            results = []
+            for statement, params in statements:
+                cur = conn.execute(statement, _bind(params, None))
+                results.append(_result(cur, fetch, dict))
+            return results
+    except psycopg.Error as e:
+        detail = (e.diag.message_primary if e.diag and e.diag.message_primary else str(e))
+        state = f" [{e.sqlstate}]" if e.sqlstate else ""
+        raise ToolError(f"{type(e).__name__}{state}: {detail}", error_type="SQLError",
+                        retryable=False) from e
+
+
+def _bind(params: Any, empty: Any) -> Any:
+    if params is None:
+        return empty
+    if isinstance(params, Mapping):
+        return dict(params)
+    if isinstance(params, list | tuple):
+        return tuple(params)
+    raise ToolError("params must be a list or a mapping", error_type="BadParameters",
+                    retryable=False)
+
+
+def _result(cur: Any, fetch: bool | None, as_dict: Any) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
+    if cur.description is not None and fetch is not False:
+        rows = [{k: _jsonable(v) for k, v in as_dict(r).items()} for r in cur.fetchall()]
+    rowcount = cur.rowcount
+    if rowcount is None or rowcount < 0:
+        rowcount = len(rows)
+    return {"rows": rows, "rowcount": rowcount}
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, decimal.Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, bytes | bytearray | memoryview):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return str(value)
+
+
+def make_tool(config: Mapping[str, Any]) -> Tool:
+    """The ``sql`` tool, with the connections declared in ``config``."""
+
+    def check(params: dict[str, Any]) -> list[str]:
+        problems = []
+        if ("statement" in params) == ("statements" in params):
+            problems.append("give exactly one of statement or statements")
+        if "undo_params" in params and "undo_statement" not in params:
+            problems.append("undo_params needs undo_statement")
+        connection = params.get("connection")
+        if isinstance(connection, str) and not is_template(connection) \
+                and "://" not in connection and not connection.startswith("sqlite:") \
+                and connection not in connections(config):
+            known = ", ".join(sorted(connections(config))) or "none"
+            problems.append(f"unknown SQL connection {connection!r} (declared in "
+                            f"[sql.connections]: {known})")
+        return problems
+
+    def sql(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        """Runs parameterised SQL in one transaction."""
+        url = resolve_url(str(params.get("connection", "")), config)
+        if params.get("statements"):
+            batch = [(s["statement"], s.get("params")) for s in params["statements"]]
+        else:
+            batch = [(params.get("statement") or "", params.get("params"))]
+        results = execute(url, batch, params.get("fetch"), params.get("timeout"))
+        out = dict(results[-1])
+        if params.get("statements"):
+            out["results"] = results
+        return out
+
+    def undo(params: dict[str, Any], output: Any, ctx: ToolContext) -> dict[str, Any]:
+        statement = params.get("undo_statement")
+        if not statement:
+            raise ToolError("sql step has no undo_statement to compensate with",
+                            error_type="NoCompensation", retryable=False)
+        url = resolve_url(str(params.get("connection", "")), config)
+        if "undo_params" in params:
+            batch = [(statement, params["undo_params"])]
+        else:
+            rows = output.get("rows") if isinstance(output, dict) else None
+            batch = [(statement, row) for row in rows] if rows else [(statement, None)]
+        results = execute(url, batch, None, params.get("timeout"))
+        return {"rows": [r for res in results for r in res["rows"]],
+                "rowcount": sum(res["rowcount"] for res in results)}
+
+    return Tool("sql", sql, undo, "Runs parameterised SQL (SQLite or PostgreSQL) in one "
+                "transaction; undo_statement compensates.", "builtin", PARAMS, check)
