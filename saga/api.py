@@ -11,6 +11,8 @@ Everything the CLI does goes through :class:`Saga`, so a program can do it too::
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,13 +24,16 @@ from saga.config import Settings, load_settings
 from saga.database import Database
 from saga.definition import load_file, resolve_inputs
 from saga.domain import Run
-from saga.errors import ConcurrentWriteError, RunStateError
+from saga.errors import ConcurrentWriteError, RunStateError, SagaError
 from saga.executor import EventHook, Executor
 from saga.plan import Plan, compile_plan
+from saga.projection import Projection
 from saga.recovery import Leases, Worker, default_worker_id, wait_for_lease
 from saga.replay import Divergence
 from saga.scheduler import compensation_order
 from saga.tools import Registry, load_registry
+
+log = logging.getLogger("saga")
 
 
 class Saga:
@@ -42,6 +47,7 @@ class Saga:
         self._app: SagaApplication | None = None
         self._db: Database | None = None
         self._leases: Leases | None = None
+        self._projection: Projection | None = None
         self.worker = worker or default_worker_id()
 
     def __enter__(self) -> Saga:
@@ -75,6 +81,9 @@ class Saga:
 
     def close(self) -> None:
         """Release the store."""
+        if self._projection is not None:
+            self._projection.close()
+            self._projection = None
         if self._db is not None:
             self._db.close()
             self._db, self._leases = None, None
@@ -234,16 +243,28 @@ class Saga:
         """The run's events in order."""
         return self.app.history(run_id)
 
-    def list_runs(self, status: str | None = None,
-                  limit: int | None = None) -> list[dict[str, Any]]:
-        """Summaries of recorded runs, newest first."""
-        runs = []
-        for _, run_id in self.app.run_ids():
-            run = self.get(run_id)
-            if status is None or run.status == status:
-                runs.append(run_summary(run, steps=False))
-        runs.reverse()
-        return runs[:limit] if limit else runs
+    @property
+    def projection(self) -> Projection:
+        """The read model (``saga_runs``, ``saga_steps``) of this store."""
+        if self._projection is None:
+            self._projection = Projection(self.app)
+        return self._projection
+
+    def list_runs(self, status: str | None = None, limit: int | None = None,
+                  since: str | None = None) -> list[dict[str, Any]]:
+        """Runs from the read model, newest first, after catching it up (see :meth:`lag`)."""
+        try:
+            self.projection.catch_up()
+        except SagaError:
+            raise
+        except Exception as e:  # a busy or broken read model must not hide the runs it has
+            log.warning("the read model could not catch up: %s", e)
+        rows = self.projection.runs(status=status, limit=limit or None, since=since)
+        return [_row_summary(row) for row in rows]
+
+    def lag(self) -> int:
+        """How many events the read model has not applied yet."""
+        return max(self.projection.head() - self.projection.position(), 0)
 
     def decide(self, run_id: str, step_id: str, approved: bool, *, actor: str | None = None,
                comment: str | None = None) -> Run:
@@ -255,6 +276,16 @@ class Saga:
         run.decide_approval(step_id, approved, actor or self.settings.actor, comment)
         self.app.save_run(run)
         return run
+
+
+def _row_summary(row: dict[str, Any]) -> dict[str, Any]:
+    """A read-model row in the shape of :func:`run_summary` (without steps)."""
+    error = json.loads(row["error"]) if row.get("error") else None
+    return {"run_id": row["run_id"], "name": row["definition_name"], "version": row["version"],
+            "status": row["status"], "actor": row["actor"],
+            "definition_hash": row["definition_hash"], "started_at": row["started_at"],
+            "finished_at": row["finished_at"], "duration_ms": row["duration_ms"],
+            "error": error, "failed_step": row["failed_step"]}
 
 
 def run_summary(run: Run, steps: bool = True) -> dict[str, Any]:

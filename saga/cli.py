@@ -8,6 +8,7 @@ be reached, 4 an unknown run, 5 a concurrent writer won. Errors print one line o
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sys
@@ -260,6 +261,39 @@ def replay(run_id: str, verify: bool, at: str | None, as_json: bool) -> None:
 
 
 @main.group()
+def projection() -> None:
+    """The read model: tables saga_runs and saga_steps, maintained from the log."""
+
+
+@projection.command(name="run")
+@click.option("--follow", is_flag=True, help="Keep applying new events until interrupted.")
+@click.option("--poll", type=click.FloatRange(0.05, 60), default=0.5, show_default=True)
+@_handle_errors
+def projection_run(follow: bool, poll: float) -> None:
+    """Apply the events the read model has not seen yet (and, with --follow, keep going)."""
+    import signal
+
+    saga = _saga()
+    applied = saga.projection.catch_up()
+    click.echo(f"applied {applied} events; position {saga.projection.position()}", err=True)
+    if follow:
+        stopping: list[int] = []
+        signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+        with contextlib.suppress(KeyboardInterrupt):
+            saga.projection.follow(poll_interval=poll, stop=lambda: bool(stopping))
+        click.echo(f"stopped at position {saga.projection.position()}", err=True)
+
+
+@projection.command(name="rebuild")
+@_handle_errors
+def projection_rebuild() -> None:
+    """Drop the read model and rebuild it from the first event."""
+    saga = _saga()
+    applied = saga.projection.rebuild()
+    click.echo(f"rebuilt from {applied} events; position {saga.projection.position()}")
+
+
+@main.group()
 def db() -> None:
     """The store's tables."""
 
@@ -270,6 +304,7 @@ def db_init() -> None:
     """Create every table once (run it before starting many workers at once)."""
     saga = _saga()
     saga.leases  # noqa: B018 - creating the store and its side tables is the point
+    saga.projection.create_tables()
     click.echo(f"initialised {saga.settings.store_description}")
 
 
@@ -298,13 +333,18 @@ def status(run_id: str, as_json: bool) -> None:
 
 @main.command(name="list")
 @click.option("--status", "status_filter", help="Only runs with this status.")
+@click.option("--since", help="Only runs started at or after this ISO time.")
 @click.option("--limit", type=click.IntRange(min=0), default=50, show_default=True,
               help="At most this many runs (0: all).")
 @json_option
 @_handle_errors
-def list_runs(status_filter: str | None, limit: int, as_json: bool) -> None:
-    """List runs, newest first."""
-    runs = _saga().list_runs(status_filter, limit)
+def list_runs(status_filter: str | None, since: str | None, limit: int, as_json: bool) -> None:
+    """List runs, newest first, from the read model (caught up first)."""
+    saga = _saga()
+    runs = saga.list_runs(status_filter, limit, since)
+    lag = saga.lag()
+    if lag:
+        click.echo(f"note: the read model is {lag} events behind the log", err=True)
     if as_json:
         _emit_json(runs)
         return

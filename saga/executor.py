@@ -110,7 +110,6 @@ class Executor:
         self.clock = clock
         self.on_events = on_events
         self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="saga-tool")
-        self._plans: dict[str, Plan] = {}
 
     def close(self) -> None:
         """Stop the tool thread pool."""
@@ -118,11 +117,7 @@ class Executor:
 
     def plan_for(self, run: Run) -> Plan:
         """The plan of the definition recorded in the run (never a file edited since)."""
-        plan = self._plans.get(run.definition_hash)
-        if plan is None:
-            plan = compile_plan(run.definition)
-            self._plans[run.definition_hash] = plan
-        return plan
+        return plan_for(run)
 
     def drive(self, run: Run, lease: LeaseLike | None = None) -> Run:
         """Drive a run until it finishes or waits (for an approval); returns its state.
@@ -365,6 +360,20 @@ class _Drive:
     async def _in_thread(self, func: Callable[..., Any], *args: Any) -> Any:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.x._pool, func, *args)
+
+
+_PLANS: dict[str, Plan] = {}
+
+
+def plan_for(run: Run) -> Plan:
+    """The compiled plan of a run's recorded definition, cached by its hash (a plan is
+    immutable and the same for every run of one definition)."""
+    plan = _PLANS.get(run.definition_hash)
+    if plan is None:
+        if len(_PLANS) > 256:
+            _PLANS.clear()
+        plan = _PLANS[run.definition_hash] = compile_plan(run.definition)
+    return plan
 
 
 def _bind_output(compensate: Callable[..., Any], output: Any) -> Callable[..., Any]:

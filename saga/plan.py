@@ -9,6 +9,7 @@ cycles, references to steps that are not upstream, unknown tools) together.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import textwrap
 from collections.abc import Collection, Iterable, Mapping
@@ -42,7 +43,7 @@ class Plan:
     graph: nx.DiGraph
     order: tuple[str, ...]
 
-    @property
+    @functools.cached_property
     def steps(self) -> dict[str, Step]:
         """Steps by id, in execution (topological, then definition) order."""
         return {step_id: self.graph.nodes[step_id]["step"] for step_id in self.order}
@@ -53,7 +54,11 @@ class Plan:
 
     def dependencies(self, step_id: str) -> list[str]:
         """The steps this one waits for, in definition order."""
-        return sorted(self.graph.predecessors(step_id), key=self.order.index)
+        return self._dependencies[step_id]
+
+    @functools.cached_property
+    def _dependencies(self) -> dict[str, list[str]]:
+        return {s: sorted(self.graph.predecessors(s), key=self.order.index) for s in self.order}
 
     def upstream(self, step_id: str) -> set[str]:
         """Every step this one transitively depends on."""
