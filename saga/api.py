@@ -18,15 +18,21 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from saga import replay
+from saga import nesting, replay
 from saga.application import SagaApplication, open_app
 from saga.config import Settings, load_settings
 from saga.database import Database
 from saga.definition import load_file, resolve_inputs
 from saga.domain import Run
-from saga.errors import ConcurrentWriteError, RunStateError, SagaError
+from saga.errors import (
+    ConcurrentWriteError,
+    DefinitionError,
+    Problem,
+    RunStateError,
+    SagaError,
+)
 from saga.executor import EventHook, Executor
-from saga.plan import Plan, compile_plan
+from saga.plan import Plan, compile_any
 from saga.projection import Projection
 from saga.recovery import Leases, Worker, default_worker_id, wait_for_lease
 from saga.replay import Divergence
@@ -98,10 +104,25 @@ class Saga:
                         on_events=on_events)
 
     def load(self, source: str | Path | Mapping[str, Any]) -> Plan:
-        """Load and validate a composition (a file path or raw data) into a plan."""
+        """Load and validate a composition (a file path or raw data) into a plan, with the
+        compositions its ``use`` steps name."""
         if isinstance(source, Mapping):
-            return compile_plan(dict(source), tools=self.registry.tools())
-        return compile_plan(load_file(source), tools=self.registry.tools(), source=str(source))
+            plan = compile_any(dict(source), tools=self.registry.tools())
+        else:
+            plan = compile_any(load_file(source), tools=self.registry.tools(),
+                               source=str(source))
+        problems = []
+        for i, step in enumerate(plan.definition.steps):
+            if step.use is None:
+                continue
+            try:
+                nesting.load_child(step.use, self.registry.tools())
+            except DefinitionError as e:
+                problems += [Problem(f"steps[{i}].{p.path}" if p.path else f"steps[{i}].use",
+                                     p.message) for p in e.problems]
+        if problems:
+            raise DefinitionError(problems, None if isinstance(source, Mapping) else str(source))
+        return plan
 
     def start(self, plan: Plan | str | Path, inputs: Mapping[str, Any] | None = None, *,
               actor: str | None = None, labels: Mapping[str, str] | None = None,
@@ -112,7 +133,7 @@ class Saga:
         resolved = resolve_inputs(plan.definition, dict(inputs or {}))
         context = {"actor": actor or self.settings.actor, "labels": dict(labels or {}),
                    "mode": (options or {}).get("mode", "normal")}
-        return self.app.start(plan.definition, resolved, context, dict(options or {}))
+        return self.app.start(plan, resolved, context, dict(options or {}))
 
     def submit(self, plan: Plan | str | Path, inputs: Mapping[str, Any] | None = None,
                **kwargs: Any) -> Run:
@@ -236,8 +257,19 @@ class Saga:
         return self.app.get_run(run_id, version)
 
     def status(self, run_id: str) -> dict[str, Any]:
-        """The run's state as a JSON object."""
-        return run_summary(self.get(run_id))
+        """The run's state as a JSON object, with its child runs (nested compositions)."""
+        summary = run_summary(self.get(run_id))
+        children = []
+        for key, step in summary.get("steps", {}).items():
+            output = step.get("output")
+            child = output.get("run_id") if isinstance(output, dict) else None
+            if child is None and (step.get("error") or {}).get("type") == "ChildRunFailed":
+                child = self.get(run_id).steps[key].get("parameters", {}).get("run")
+            if child:
+                children.append({"step": key, **self.status(child)})
+        if children:
+            summary["children"] = children
+        return summary
 
     def history(self, run_id: str) -> list[dict[str, Any]]:
         """The run's events in order."""

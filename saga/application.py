@@ -19,7 +19,6 @@ from eventsourcing.persistence import IntegrityError, PersistenceError
 
 from saga.config import Settings
 from saga.database import DDL_LOCK
-from saga.definition import Definition
 from saga.domain import Run
 from saga.errors import ConcurrentWriteError, RunNotFoundError, StoreUnavailableError
 
@@ -61,12 +60,12 @@ class SagaApplication(Application):
             with store_errors(settings.store_description):
                 super().__init__(env=env)
 
-    def start(self, definition: Definition, inputs: dict[str, Any], context: dict[str, Any],
-              options: dict[str, Any] | None = None) -> Run:
-        """A new run (not yet saved: the caller saves it with its first decisions)."""
-        data = definition.to_json()
-        return Run.begin(definition=data, definition_hash=definition.digest(), inputs=inputs,
-                         context=context, options=options or {})
+    def start(self, plan: Any, inputs: dict[str, Any], context: dict[str, Any],
+              options: dict[str, Any] | None = None, run_id: str | None = None) -> Run:
+        """A new run of a compiled plan (not yet saved: the caller saves it with its first
+        decisions)."""
+        return Run.begin(definition=plan.record(), definition_hash=plan.digest(),
+                         inputs=inputs, context=context, options=options or {}, run_id=run_id)
 
     def get_run(self, run_id: str | UUID, version: int | None = None) -> Run:
         """The run as recorded (at ``version`` if given)."""

@@ -452,6 +452,9 @@ def _print_summary(summary: dict[str, Any]) -> None:
     if summary.get("outputs") is not None and summary["status"] == "completed":
         console.print("outputs: " + json.dumps(summary["outputs"], default=str,
                                                ensure_ascii=False))
+    for child in summary.get("children", []):
+        console.print(f"  └ step {child['step']}: child run {child['run_id']} "
+                      f"({child['name']}): {child['status']}")
     if summary.get("waiting_for"):
         for step in summary["waiting_for"]:
             console.print(f"waiting: saga approve {summary['run_id']} {step}")

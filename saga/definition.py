@@ -114,6 +114,7 @@ class Step(_Model):
     description: str | None = None
     tool: str | None = None
     compute: str | None = None
+    use: str | None = Field(default=None, min_length=1)
     parameters: dict[str, Any] = Field(default_factory=dict, alias="args")
     depends_on: list[str] | None = None
     output_key: str | None = Field(default=None, alias="output")
@@ -147,16 +148,25 @@ class Step(_Model):
 
     @model_validator(mode="after")
     def _one_action(self) -> Step:
-        if (self.tool is None) == (self.compute is None):
-            raise ValueError("a step needs exactly one of 'tool' or 'compute'")
+        if sum(x is not None for x in (self.tool, self.compute, self.use)) != 1:
+            raise ValueError("a step needs exactly one of 'tool', 'compute' or 'use'")
         if self.compute is not None and self.parameters:
             raise ValueError("a compute step takes no parameters")
-        if self.loop is not None and self.tool is None:
-            raise ValueError("'loop' needs a tool step")
-        if self.compensate is not None and self.compensate.tool is None and self.tool is None:
+        if self.loop is not None and self.compute is not None:
+            raise ValueError("'loop' needs a tool or use step")
+        if self.compensate is not None and self.compensate.tool is None and self.compute:
             raise ValueError("'compensate: true' needs a tool step (it uses the tool's own "
                              "compensation)")
         return self
+
+    @property
+    def compensation(self) -> ToolCall | None:
+        """How this step is undone: its ``compensate``, or, for a nested composition, the
+        compensation of the child run (unless ``compensate: false``)."""
+        if self.compensate is None and self.use is not None \
+                and "compensate" not in self.model_fields_set:
+            return ToolCall()
+        return self.compensate
 
     @property
     def key(self) -> str:

@@ -133,13 +133,15 @@ class Run(Aggregate):
 
     @classmethod
     def begin(cls, definition: dict[str, Any], definition_hash: str, inputs: dict[str, Any],
-              context: dict[str, Any], options: dict[str, Any]) -> Run:
-        """Start a new run (the first link of its chain)."""
+              context: dict[str, Any], options: dict[str, Any],
+              run_id: str | None = None) -> Run:
+        """Start a new run (the first link of its chain), with a new id unless given."""
         fields = {"definition": definition, "definition_hash": definition_hash,
                   "inputs": inputs, "context": context, "options": options}
         timestamp = cls.RunStarted.create_timestamp()
         chain = _chain(cls.RunStarted, 1, timestamp, context.get("actor"), fields, GENESIS)
-        return cls._create(cls.RunStarted, id=uuid4(), timestamp=timestamp, **fields, **chain)
+        uid = UUID(run_id) if run_id else uuid4()
+        return cls._create(cls.RunStarted, id=uid, timestamp=timestamp, **fields, **chain)
 
     def trigger_event(self, event_class: Any, **kwargs: Any) -> None:
         """Trigger an event as the next link of the run's chain."""

@@ -22,12 +22,12 @@ from typing import Any, Protocol
 
 import tenacity
 
-from saga import expressions, scheduler
+from saga import expressions, nesting, scheduler
 from saga.application import SagaApplication
 from saga.definition import RetryPolicy, Step
 from saga.domain import Run, idempotency_key, step_key
 from saga.errors import ExpressionError, LeaseLostError, ToolError
-from saga.plan import Plan, compile_plan
+from saga.plan import Plan, compile_any
 from saga.scheduler import (
     CompensateStep,
     CompleteStep,
@@ -301,6 +301,9 @@ class _Drive:
             if step.compute is not None:
                 output = await self._in_thread(expressions.run_compute, step.compute,
                                                scheduler.namespace(self.plan, self.run))
+            elif step.use is not None:
+                output = await nesting.run_child(self.x, self.run, action.step_id,
+                                                 action.iteration, action.parameters)
             else:
                 assert step.tool is not None
                 output = await self._call_tool(step.tool, action.parameters, action,
@@ -314,14 +317,17 @@ class _Drive:
 
     async def _call_compensation(self, action: CompensateStep) -> Outcome:
         step: Step = self.plan.step(action.step_id)
-        assert step.compensate is not None
-        timeout = step.compensate.timeout_ms / 1000 if step.compensate.timeout_ms else None
+        compensation = step.compensation
+        assert compensation is not None
+        timeout = compensation.timeout_ms / 1000 if compensation.timeout_ms else None
         started = time.monotonic()
         call = StartStep(action.step_id, action.iteration, 1, action.parameters)
         try:
-            if action.tool is None:
+            recorded = self.run.steps[step_key(action.step_id, action.iteration)]["output"]
+            if action.tool is None and step.use is not None:
+                output = await nesting.compensate_child(self.x, self.run, recorded)
+            elif action.tool is None:
                 assert step.tool is not None
-                recorded = self.run.steps[step_key(action.step_id, action.iteration)]["output"]
                 output = await self._call_tool(step.tool, action.parameters, call, timeout,
                                                suffix=":compensate", own_output=(recorded,))
             else:
@@ -372,7 +378,7 @@ def plan_for(run: Run) -> Plan:
     if plan is None:
         if len(_PLANS) > 256:
             _PLANS.clear()
-        plan = _PLANS[run.definition_hash] = compile_plan(run.definition)
+        plan = _PLANS[run.definition_hash] = compile_any(run.definition)
     return plan
 
 

@@ -52,6 +52,14 @@ class Plan:
         """The step with this id."""
         return self.graph.nodes[step_id]["step"]
 
+    def record(self) -> dict[str, Any]:
+        """The normalised definition as recorded in ``RunStarted``."""
+        return self.definition.to_json()
+
+    def digest(self) -> str:
+        """sha256 of :meth:`record`'s canonical JSON."""
+        return self.definition.digest()
+
     def dependencies(self, step_id: str) -> list[str]:
         """The steps this one waits for, in definition order."""
         return self._dependencies[step_id]
@@ -81,6 +89,17 @@ class Plan:
 
 def _expected_ms(step: Step) -> float:
     return float(step.timeout_seconds * 1000) if step.timeout_seconds else 1.0
+
+
+def compile_any(data: dict[str, Any], *, tools: Collection[str] | Mapping[str, Any] | None = None,
+                source: str | None = None) -> Any:
+    """Compile either form: the graph form (``nodes``/``edges``, seed 004) or the step-list
+    form. Both give a plan the scheduler and executor drive the same way."""
+    if isinstance(data, dict) and "nodes" in data and "steps" not in data:
+        from saga.graph import compile_graph
+
+        return compile_graph(data, tools=tools, source=source)
+    return compile_plan(data, tools=tools, source=source)
 
 
 def compile_plan(data: dict[str, Any] | Definition, *,
@@ -285,7 +304,7 @@ def _tool_problems(step: Step, where: str,
         if check is not None:
             problems += [Problem(f"{where}.{prefix}parameters", msg) for msg in check(params)]
     own = step.compensate is not None and step.compensate.uses_tool_compensation
-    if own and isinstance(tools, Mapping) and step.tool in tools \
+    if own and step.tool is not None and isinstance(tools, Mapping) and step.tool in tools \
             and getattr(tools[step.tool], "compensate", None) is None:
         problems.append(Problem(f"{where}.compensate",
                                 f"tool {step.tool!r} has no compensation of its own"))

@@ -11,6 +11,7 @@ append is rejected and it backs off.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import socket
@@ -115,6 +116,8 @@ class RunIndex:
         while True:
             page = self.app.recorder.select_notifications(start=self.position + 1, limit=1000)
             for n in page:
+                if n.topic == "saga.RunStarted" and _has_parent(n.state):
+                    continue  # a child run is driven by its parent's step, never on its own
                 self._apply(str(n.originator_id), n.topic)
             if page:
                 self.position = page[-1].id
@@ -123,6 +126,8 @@ class RunIndex:
 
     def _apply(self, run_id: str, topic: str) -> None:
         kind = topic.removeprefix("saga.")
+        if kind != "RunStarted" and run_id not in self.runs:
+            return  # not a run this index follows (e.g. a child run)
         if kind == "RunStarted":
             self.runs[run_id] = "running"
         elif kind in ("RunCompleted", "RunFailed", "RunCompensated", "RunCancelled"):
@@ -139,6 +144,13 @@ class RunIndex:
         """Unfinished runs not waiting only for a person, oldest first."""
         return [run_id for run_id, status in self.runs.items()
                 if status not in TERMINAL and self.approvals.get(run_id, 0) <= 0]
+
+
+def _has_parent(state: bytes) -> bool:
+    try:
+        return bool(json.loads(state).get("context", {}).get("parent"))
+    except (ValueError, AttributeError):
+        return False
 
 
 class Worker:

@@ -15,7 +15,7 @@ from typing import Any
 
 from saga import scheduler
 from saga.domain import Run, payload_of
-from saga.plan import Plan, compile_plan
+from saga.plan import Plan, compile_any
 from saga.scheduler import (
     CompensateStep,
     CompleteStep,
@@ -50,7 +50,7 @@ def verify(events: list[Any], plan: Plan | None = None) -> Divergence | None:
     """Fold ``events`` (domain events of one run, in order) through the scheduler; return
     the first divergence, or None when every decision is reproduced."""
     run: Run = events[0].mutate(None)
-    plan = plan or compile_plan(run.definition)
+    plan = plan or compile_any(run.definition)
     for event in events[1:]:
         divergence = _check(plan, run, event)
         if divergence is not None:

@@ -15,6 +15,7 @@ from saga import expressions
 from saga.definition import Step
 from saga.domain import Run, idempotency_key, step_key
 from saga.errors import ExpressionError
+from saga.nesting import child_run_id
 from saga.plan import Plan
 
 
@@ -145,6 +146,9 @@ def decide(plan: Plan, run: Run) -> list[Action]:
     """The actions that follow from the run's recorded state; empty when it must wait."""
     if run.is_finished:
         return []
+    own = getattr(plan, "decide", None)
+    if own is not None:  # a plan of the graph form decides with its own readiness rules
+        return list(own(run))
     view = _View(plan, run)
     if run.compensation is not None:
         return _compensation(view)
@@ -266,8 +270,21 @@ def _iteration_actions(view: _View, step: Step, parent: dict[str, Any],
                                       for s in states])]
 
 
+def _use_start(view: _View, step: Step, iteration: int, names: dict[str, Any]) -> Action:
+    """Start a nested composition: its inputs rendered, its child run id derived."""
+    try:
+        inputs = expressions.render(step.parameters, names)
+    except ExpressionError as e:
+        return FailStep(step.id, iteration, 1, "ExpressionError", f"parameters: {e}")
+    return StartStep(step.id, iteration, 1, {
+        "use": step.use, "inputs": inputs,
+        "run": child_run_id(view.run.run_id, step.id, iteration)})
+
+
 def _iteration_start(view: _View, step: Step, iteration: int, item: Any) -> Action:
     names = dict(view.namespace, **{step.loop_var: item, "loop_index": iteration - 1})
+    if step.use is not None:
+        return _use_start(view, step, iteration, names)
     try:
         return StartStep(step.id, iteration, 1, expressions.render(step.parameters, names))
     except ExpressionError as e:
@@ -289,6 +306,8 @@ def _ready_action(view: _View, step: Step) -> Action | None:
         return approval if isinstance(approval, RequestApproval | FailStep) else None
     if step.compute is not None:
         return StartStep(step.id, 0, 1, {"compute": step.compute})
+    if step.use is not None and step.loop is None:
+        return _use_start(view, step, 0, view.namespace)
     if step.loop is not None:
         try:
             items = expressions.render(step.loop, view.namespace)
@@ -345,7 +364,7 @@ def _after_failure(view: _View, failed_step: str) -> list[Action]:
     rollback = (handling.rollback_on_failure or handling.failure_strategy == "rollback"
                 or step.on_error == "compensate" or maybe_done)
     to_undo = compensation_order(view.plan, view.run) if rollback else []
-    if maybe_done and step.compensate is not None:
+    if maybe_done and step.compensation is not None:
         # The interrupted attempt may have had its effect: undo it first, at least once.
         to_undo.insert(0, step_key(failed_step))
     reason = f"step {failed_step!r} failed: {error.get('message', '')}"
@@ -359,7 +378,7 @@ def compensation_order(plan: Plan, run: Run) -> list[str]:
     """Completed steps (each completed loop iteration on its own) that declare a
     compensation, most recently completed first."""
     return [key for key in reversed(run.completion_order)
-            if plan.step(run.steps[key]["step_id"]).compensate is not None
+            if plan.step(run.steps[key]["step_id"]).compensation is not None
             and not is_loop_parent(plan, run.steps[key])]
 
 
@@ -371,21 +390,22 @@ def _compensation(view: _View) -> list[Action]:
             continue
         state = view.run.steps[key]
         step = view.plan.step(state["step_id"])
-        assert step.compensate is not None
+        compensation = step.compensation
+        assert compensation is not None
         names = dict(view.namespace, output=state["output"],
                      parameters=state.get("parameters"), error=view.run.error)
         if step.loop is not None:
             items = view.run.steps[step_key(step.id)]["parameters"]["items"]
             names.update({step.loop_var: items[state["iteration"] - 1],
                           "loop_index": state["iteration"] - 1})
-        if step.compensate.uses_tool_compensation:
+        if compensation.uses_tool_compensation:
             return [CompensateStep(step.id, state["iteration"], None, state.get("parameters"))]
         try:
-            parameters = expressions.render(step.compensate.parameters, names)
+            parameters = expressions.render(compensation.parameters, names)
         except ExpressionError as e:
-            return [CompensateStep(step.id, state["iteration"], step.compensate.tool, None,
+            return [CompensateStep(step.id, state["iteration"], compensation.tool, None,
                                    error=str(e))]
-        return [CompensateStep(step.id, state["iteration"], step.compensate.tool, parameters)]
+        return [CompensateStep(step.id, state["iteration"], compensation.tool, parameters)]
     failed_step = _blocking_failure(view)
     error = dict(_state(view, failed_step).get("error") or {}, step=failed_step) \
         if failed_step else {"message": comp["reason"]}

@@ -464,3 +464,69 @@ def test_a_guarantee_cannot_wait_for_other_layers(saga: Saga) -> None:
     definition["steps"][2]["depends_on"] = ["work"]
     with pytest.raises(DefinitionError, match="guarantee step cannot wait"):
         saga.load(definition)
+
+
+# -- nested compositions -------------------------------------------------------------------
+
+CHILD = str(Path(__file__).parent / "compositions" / "child.yaml")
+
+
+def parent(fail_child: bool = False, fail_after: bool = False) -> dict[str, Any]:
+    return {"name": "parent", "steps": [
+        {"id": "first", "tool": "effect", "args": {"value": 1},
+         "compensate": {"tool": "undo", "args": {"what": "first"}}},
+        {"id": "nested", "use": CHILD, "args": {"who": "ada", "fail": fail_child}},
+        {"id": "last", "tool": "effect", "args": {"value": "{{ nested.outputs.made }}",
+                                                 "fail": fail_after}}]}
+
+
+def test_a_nested_composition_runs_as_a_linked_child_run(saga: Saga) -> None:
+    run = saga.run(saga.load(parent()))
+    assert run.status == "completed"
+    output = run.steps["nested"]["output"]
+    assert output["outputs"] == {"made": "ada"}
+    assert run.steps["last"]["output"]["value"] == "ada"
+    child = saga.get(output["run_id"])
+    assert child.status == "completed"
+    assert child.context["parent"] == {"run_id": run.run_id, "step_id": "nested",
+                                       "iteration": 0}
+    assert run.steps["nested"]["parameters"]["run"] == child.run_id
+    tree = saga.status(run.run_id)
+    assert tree["children"][0]["run_id"] == child.run_id
+    assert tree["children"][0]["status"] == "completed"
+
+
+def test_a_failed_child_fails_its_step_and_the_parent_compensates(saga: Saga) -> None:
+    run = saga.run(saga.load(parent(fail_child=True)))
+    assert run.status == "compensated"
+    assert run.steps["nested"]["error"]["type"] == "ChildRunFailed"
+    # The child undid its own work; then the parent undid its completed steps.
+    assert [c["params"]["what"] for c in calls("undo")] == ["child-ada", "first"]
+    child_id = run.steps["nested"]["parameters"]["run"]
+    assert saga.get(child_id).status == "compensated"
+    assert saga.status(run.run_id)["children"][0]["status"] == "compensated"
+
+
+def test_compensating_the_parent_compensates_a_completed_child(saga: Saga) -> None:
+    run = saga.run(saga.load(parent(fail_after=True)))
+    assert run.status == "compensated"
+    assert [c["params"]["what"] for c in calls("undo")] == ["child-ada", "first"]
+    child = saga.get(run.steps["nested"]["output"]["run_id"])
+    assert child.status == "compensated"
+    assert child.compensation["requested"] is True
+
+
+def test_a_missing_nested_composition_is_a_validation_error(saga: Saga) -> None:
+    from saga.errors import DefinitionError
+
+    with pytest.raises(DefinitionError, match=r"steps\[0\]\.use"):
+        saga.load({"name": "p", "steps": [{"id": "n", "use": "no/such/file.yaml"}]})
+
+
+def test_children_are_not_picked_up_by_workers_on_their_own(saga: Saga) -> None:
+    from saga.recovery import RunIndex
+
+    run = saga.run(saga.load(parent()))
+    index = RunIndex(saga.app)
+    index.refresh()
+    assert set(index.runs) == {run.run_id}
