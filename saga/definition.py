@@ -119,6 +119,7 @@ class Step(_Model):
     depends_on: list[str] | None = None
     output_key: str | None = Field(default=None, alias="output")
     condition: str | None = Field(default=None, alias="when")
+    expect: str | None = None
     timeout_ms: int | None = Field(default=None, gt=0)
     timeout: float | None = Field(default=None, gt=0, description="seconds")
     retry_count: int | None = Field(default=None, ge=0, le=100)

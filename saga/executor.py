@@ -309,6 +309,7 @@ class _Drive:
                 output = await self._call_tool(step.tool, action.parameters, action,
                                                step.timeout_seconds)
             _check_json(output)
+            _check_expectation(step, output)
         except Exception as e:
             return _failure("step", action.step_id, action.iteration, action.attempt, e,
                             step.timeout_seconds, started)
@@ -417,6 +418,14 @@ def _failure(kind: str, step_id: str, iteration: int, attempt: int, e: Exception
         error_type, message, retryable = type(e).__name__, str(e) or type(e).__name__, True
     return Outcome(kind, step_id, iteration, attempt, ok=False, error_type=error_type,
                    message=message, retryable=retryable, duration_ms=_ms(started))
+
+
+def _check_expectation(step: Step, output: Any) -> None:
+    """A step with ``expect`` fails when its condition, over ``output``, is false (a gate
+    that answers ``passed: false``)."""
+    if step.expect is not None and not expressions.evaluate(step.expect, {"output": output}):
+        raise ToolError(f"expectation not met: {step.expect} (output {output!r:.200})",
+                        error_type="ExpectationFailed", retryable=False)
 
 
 def _check_json(value: Any) -> None:

@@ -319,6 +319,9 @@ def _step_references(step: Step, where: str,
         parts.append(("loop", step.loop, expressions.references))
     if step.condition is not None:
         parts.append(("condition", step.condition, expressions.expression_references))
+    if step.expect is not None:
+        static = expressions.check_expression(step.expect)
+        problems += [Problem(f"{where}.expect", msg) for msg in static]
     if step.compute is not None:
         parts.append(("compute", step.compute, expressions.compute_references))
     if step.compensate is not None:

@@ -530,3 +530,14 @@ def test_children_are_not_picked_up_by_workers_on_their_own(saga: Saga) -> None:
     index = RunIndex(saga.app)
     index.refresh()
     assert set(index.runs) == {run.run_id}
+
+
+def test_expect_fails_a_step_whose_output_does_not_meet_it(saga: Saga) -> None:
+    plan = saga.load(chain({"id": "gate", "tool": "echo", "args": {"passed": False},
+                            "expect": "output.passed"}))
+    run = saga.run(plan)
+    assert run.status == "failed"
+    assert run.steps["gate"]["error"]["type"] == "ExpectationFailed"
+    ok = saga.run(saga.load(chain({"id": "gate", "tool": "echo", "args": {"passed": True},
+                                   "expect": "output.passed == True"})))
+    assert ok.status == "completed"
