@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from saga import nesting, replay
+from saga import expressions, nesting, replay
 from saga.application import SagaApplication, open_app
 from saga.config import Settings, load_settings
 from saga.database import Database
@@ -27,6 +27,7 @@ from saga.domain import Run
 from saga.errors import (
     ConcurrentWriteError,
     DefinitionError,
+    ExpressionError,
     Problem,
     RunStateError,
     SagaError,
@@ -134,6 +135,31 @@ class Saga:
         context = {"actor": actor or self.settings.actor, "labels": dict(labels or {}),
                    "mode": (options or {}).get("mode", "normal")}
         return self.app.start(plan, resolved, context, dict(options or {}))
+
+    def dry_run(self, plan: Plan | str | Path,
+                inputs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """What a run would do, without recording or calling anything: inputs checked, the
+        levels, and each step with the parameters known before any step has run."""
+        if not isinstance(plan, Plan):
+            plan = self.load(plan)
+        resolved = resolve_inputs(plan.definition, dict(inputs or {}))
+        names = {"inputs": resolved, "input": resolved, "context": {"actor": self.settings.actor},
+                 "steps": {}}
+        steps = []
+        for step_id in plan.order:
+            step = plan.step(step_id)
+            try:
+                parameters = expressions.render(step.parameters, names)
+            except ExpressionError:
+                parameters = step.parameters  # depends on outputs not known before the run
+            steps.append({"id": step_id, "tool": step.tool, "use": step.use,
+                          "compute": step.compute is not None, "loop": step.loop,
+                          "depends_on": plan.dependencies(step_id), "when": step.condition,
+                          "parameters": parameters, "layer": step.layer,
+                          "compensate": step.compensation is not None,
+                          "approval": bool(step.confirm)})
+        return {"name": plan.definition.name, "inputs": resolved, "levels": plan.levels(),
+                "critical_path": plan.critical_path(), "steps": steps}
 
     def submit(self, plan: Plan | str | Path, inputs: Mapping[str, Any] | None = None,
                **kwargs: Any) -> Run:

@@ -124,15 +124,19 @@ def _parse_inputs(pairs: tuple[str, ...], inputs_file: str | None,
 @click.option("--inputs-file", type=click.Path(dir_okay=False), help="Inputs as JSON/YAML.")
 @click.option("--actor", help="Who is running this (default: SAGA_ACTOR or the OS user).")
 @mode_option
+@click.option("--dry-run", is_flag=True, help="Show the plan and parameters; run nothing.")
 @tools_option
 @json_option
 @_handle_errors
 def run(file: str, pairs: tuple[str, ...], inputs_file: str | None, actor: str | None,
-        mode: str, tools: tuple[str, ...], as_json: bool) -> None:
+        mode: str, dry_run: bool, tools: tuple[str, ...], as_json: bool) -> None:
     """Start a run of FILE and drive it here until it finishes (or waits for approval)."""
     saga = _saga(tools)
     plan = saga.load(file)
     inputs = _parse_inputs(pairs, inputs_file, {s.name: s for s in plan.definition.inputs})
+    if dry_run:
+        _print_dry_run(saga.dry_run(plan, inputs), as_json)
+        return
     with _Progress(enabled=not as_json) as progress:
         result = saga.run(plan, inputs, actor=actor, options={"mode": mode},
                           on_events=progress.update)
@@ -306,6 +310,43 @@ def db_init() -> None:
     saga.leases  # noqa: B018 - creating the store and its side tables is the point
     saga.projection.create_tables()
     click.echo(f"initialised {saga.settings.store_description}")
+
+
+def _print_dry_run(preview: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        _emit_json(preview)
+        return
+    click.echo(f"dry run of {preview['name']} (nothing is recorded, no tool is called)")
+    for i, level in enumerate(preview["levels"], 1):
+        click.echo(f"  level {i}: {', '.join(level)}")
+    for step in preview["steps"]:
+        what = step["tool"] or (f"use {step['use']}" if step["use"] else "compute")
+        notes = [f"when {step['when']}"] if step["when"] else []
+        notes += ["for each"] if step["loop"] is not None else []
+        notes += ["asks for approval"] if step["approval"] else []
+        notes += ["compensated"] if step["compensate"] else []
+        click.echo(f"  {step['id']}: {what} {json.dumps(step['parameters'], default=str)}"
+                   + (f"  [{'; '.join(notes)}]" if notes else ""))
+
+
+@main.command()
+@click.argument("target")
+@click.option("--format", "fmt", type=click.Choice(["mermaid", "dot"]), default="mermaid",
+              show_default=True)
+@tools_option
+@_handle_errors
+def graph(target: str, fmt: str, tools: tuple[str, ...]) -> None:
+    """Draw a composition FILE, or a RUN with its steps coloured by status."""
+    from saga import diagram
+    from saga.executor import plan_for
+
+    saga = _saga(tools)
+    if Path(target).exists():
+        plan, run = saga.load(target), None
+    else:
+        run = saga.get(target)
+        plan = plan_for(run)
+    click.echo((diagram.mermaid if fmt == "mermaid" else diagram.dot)(plan, run), nl=False)
 
 
 def _finish(run: Run, as_json: bool, success: tuple[str, ...] = ("completed", "waiting")) -> None:

@@ -1,0 +1,68 @@
+"""Drawing a plan, or a run coloured by its steps' status, as Mermaid or Graphviz DOT."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_COLOURS = {"completed": "#b7e4c7", "running": "#a9d6e5", "failed": "#f4a3a3",
+            "skipped": "#dddddd", "compensated": "#e0c3fc", "pending": "#ffffff",
+            "waiting": "#ffe8a3"}
+
+
+def _label(plan: Any, step_id: str) -> str:
+    step = plan.step(step_id)
+    kind = step.tool or (f"use {step.use}" if step.use else "compute")
+    extra = " (for each)" if step.loop is not None else ""
+    return f"{step_id}: {kind}{extra}"
+
+
+def _statuses(plan: Any, run: Any | None) -> dict[str, str]:
+    if run is None:
+        return {}
+    statuses = {}
+    for step_id in plan.order:
+        state = run.step(step_id)
+        status = state["status"]
+        if step_id in getattr(run, "pending_approvals", []):
+            status = "waiting"
+        statuses[step_id] = status
+    return statuses
+
+
+def mermaid(plan: Any, run: Any | None = None) -> str:
+    """A Mermaid flowchart of the plan (steps coloured by status when a run is given)."""
+    statuses = _statuses(plan, run)
+    ids = {step_id: f"n{i}" for i, step_id in enumerate(plan.order)}
+    lines = ["flowchart TD"]
+    for step_id in plan.order:
+        label = _label(plan, step_id).replace('"', "'")
+        if step_id in statuses:
+            label += f"<br/>{statuses[step_id]}"
+        lines.append(f'    {ids[step_id]}["{label}"]')
+    for source, target in plan.graph.edges:
+        if source in ids and target in ids:
+            lines.append(f"    {ids[source]} --> {ids[target]}")
+    for status, colour in _COLOURS.items():
+        members = [ids[s] for s, st in statuses.items() if st == status]
+        if members:
+            lines.append(f"    classDef {status} fill:{colour}")
+            lines.append(f"    class {','.join(members)} {status}")
+    return "\n".join(lines) + "\n"
+
+
+def dot(plan: Any, run: Any | None = None) -> str:
+    """A Graphviz DOT digraph of the plan (filled by status when a run is given)."""
+    statuses = _statuses(plan, run)
+    lines = ["digraph saga {", "    rankdir=TB;", '    node [shape=box, style="rounded,filled", '
+             'fillcolor="#ffffff"];']
+    for step_id in plan.order:
+        label = _label(plan, step_id)
+        attrs = [f'label="{label}' + (f"\\n{statuses[step_id]}" if step_id in statuses else "")
+                 + '"']
+        if step_id in statuses:
+            attrs.append(f'fillcolor="{_COLOURS.get(statuses[step_id], "#ffffff")}"')
+        lines.append(f'    "{step_id}" [{", ".join(attrs)}];')
+    for source, target in plan.graph.edges:
+        lines.append(f'    "{source}" -> "{target}";')
+    lines.append("}")
+    return "\n".join(lines) + "\n"

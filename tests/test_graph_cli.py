@@ -1,0 +1,49 @@
+"""Dry runs and drawings of compositions and runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from saga.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+TEMPLATE = str(ROOT / "templates" / "quickstart.yaml")
+
+
+def cli(args: list[str], home: Path) -> tuple[int, str]:
+    result = CliRunner().invoke(main, args, env={"SAGA_HOME": str(home)})
+    return result.exit_code, result.output
+
+
+def test_dry_run_shows_the_plan_and_records_nothing(tmp_path: Path) -> None:
+    code, out = cli(["run", TEMPLATE, "--dry-run", "--json", "-i", "order_id=B-7"], tmp_path)
+    assert code == 0, out
+    preview = json.loads(out)
+    assert preview["levels"][0] == ["reserve"]
+    reserve = preview["steps"][0]
+    assert reserve["parameters"] == {"order": "B-7", "reservation": "R-B-7"}
+    assert reserve["compensate"] is True
+    confirm = next(s for s in preview["steps"] if s["id"] == "confirm")
+    assert confirm["compute"] is True
+    assert cli(["list", "--json"], tmp_path) == (0, "[]\n")
+    code, out = cli(["run", TEMPLATE, "--dry-run", "-i", "fail_at=nope"], tmp_path)
+    assert code == 2 and "must be one of" in out
+
+
+def test_graph_of_a_file_and_of_a_run(tmp_path: Path) -> None:
+    code, out = cli(["graph", TEMPLATE], tmp_path)
+    assert code == 0
+    assert out.startswith("flowchart TD")
+    assert 'n0["reserve: echo"]' in out and "n0 --> n1" in out
+    code, out = cli(["run", TEMPLATE, "--json", "-i", "fail_at=ship"], tmp_path)
+    run_id = json.loads(out)["run_id"]
+    code, out = cli(["graph", run_id, "--format", "dot"], tmp_path)
+    assert code == 0 and out.startswith("digraph saga {")
+    assert '"reserve" [label="reserve: echo\\ncompensated"' in out
+    assert '"ship" [label="ship: fail\\nfailed", fillcolor="#f4a3a3"]' in out
+    assert '"reserve" -> "charge";' in out
+    code, out = cli(["graph", run_id], tmp_path)
+    assert "classDef compensated" in out and "class n0,n1 compensated" in out
