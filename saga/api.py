@@ -20,6 +20,7 @@ from typing import Any
 
 from saga import expressions, nesting, replay
 from saga.application import SagaApplication, open_app
+from saga.cache import ToolCache
 from saga.config import Settings, load_settings
 from saga.database import Database
 from saga.definition import load_file, resolve_inputs
@@ -55,6 +56,7 @@ class Saga:
         self._db: Database | None = None
         self._leases: Leases | None = None
         self._projection: Projection | None = None
+        self._cache: ToolCache | None = None
         self.worker = worker or default_worker_id()
 
     def __enter__(self) -> Saga:
@@ -93,7 +95,7 @@ class Saga:
             self._projection = None
         if self._db is not None:
             self._db.close()
-            self._db, self._leases = None, None
+            self._db, self._leases, self._cache = None, None, None
         if self._app is not None:
             self._app.close()
             self._app = None
@@ -102,7 +104,16 @@ class Saga:
                  worker: str | None = None) -> Executor:
         """An executor over this store and registry (recording ``worker`` on its starts)."""
         return Executor(self.app, self.registry, worker=worker or self.worker,
-                        on_events=on_events)
+                        on_events=on_events, cache=self.cache)
+
+    @property
+    def cache(self) -> ToolCache:
+        """The tool-result cache of this store (``cache: seconds`` on steps)."""
+        if self._cache is None:
+            self.leases  # noqa: B018 - opens the side connection the cache shares
+            assert self._db is not None
+            self._cache = ToolCache(self._db)
+        return self._cache
 
     def load(self, source: str | Path | Mapping[str, Any]) -> Plan:
         """Load and validate a composition (a file path or raw data) into a plan, with the

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -28,6 +29,9 @@ class Database:
     def __init__(self, settings: Settings) -> None:
         env = settings.store_env()
         self.pg = settings.is_postgres
+        # One connection serves leases (renewed from threads), the cache and DDL: a lock
+        # keeps one transaction at a time on it.
+        self._lock = threading.RLock()
         try:
             if self.pg:
                 self.conn = _connect_postgres(env)
@@ -46,10 +50,14 @@ class Database:
     @contextlib.contextmanager
     def tx(self) -> Iterator[Any]:
         """A cursor in one transaction: committed on success, rolled back on error."""
-        if self.pg:
-            with self.conn.transaction(), self.conn.cursor() as cur:
-                yield cur
-            return
+        with self._lock:
+            if self.pg:
+                with self.conn.transaction(), self.conn.cursor() as cur:
+                    yield cur
+                return
+            yield from self._sqlite_tx()
+
+    def _sqlite_tx(self) -> Iterator[Any]:
         cur = self.conn.cursor()
         # IMMEDIATE takes the write lock up front, so writers serialise here instead of
         # failing later on a lock upgrade.
@@ -70,13 +78,14 @@ class Database:
 
     def query(self, text: str, args: Sequence[Any] = ()) -> list[Row]:
         """Rows of a read-only statement as dicts."""
-        cur = self.conn.cursor()
-        try:
-            cur.execute(self.sql(text), tuple(args))
-            names = [d[0] for d in cur.description]
-            return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
-        finally:
-            cur.close()
+        with self._lock:
+            cur = self.conn.cursor()
+            try:
+                cur.execute(self.sql(text), tuple(args))
+                names = [d[0] for d in cur.description]
+                return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+            finally:
+                cur.close()
 
     def create(self, ddl: Sequence[str]) -> None:
         """Run idempotent DDL, safe when many processes start at once."""

@@ -120,6 +120,7 @@ class Step(_Model):
     output_key: str | None = Field(default=None, alias="output")
     condition: str | None = Field(default=None, alias="when")
     expect: str | None = None
+    cache: float | None = Field(default=None, gt=0, description="seconds to reuse the output")
     timeout_ms: int | None = Field(default=None, gt=0)
     timeout: float | None = Field(default=None, gt=0, description="seconds")
     retry_count: int | None = Field(default=None, ge=0, le=100)

@@ -232,11 +232,14 @@ class Run(Aggregate):
         attempt: int
         output: Any
         duration_ms: int
+        cache: dict[str, Any] | None = None
 
         def apply(self, aggregate: Any) -> None:
             s = aggregate._step(self.step_id, self.iteration)
             s.update(status="completed", output=self.output, finished_at=_iso(self.timestamp),
                      error=None, retry_at=None)
+            if self.cache is not None:
+                s["cache"] = self.cache
             s["duration_ms"] = _ms_between(s["started_at"], s["finished_at"])
             aggregate.completion_order.append(step_key(self.step_id, self.iteration))
 
@@ -450,10 +453,10 @@ class Run(Aggregate):
                            idempotency_key=idempotency_key(self.run_id, step_id, iteration))
 
     def complete_step(self, step_id: str, iteration: int, attempt: int, output: Any,
-                      duration_ms: int) -> None:
-        """Record an attempt's output."""
+                      duration_ms: int, cache: dict[str, Any] | None = None) -> None:
+        """Record an attempt's output (``cache``: it came from an earlier run's call)."""
         self.trigger_event(self.StepCompleted, step_id=step_id, iteration=iteration,
-                           attempt=attempt, output=output, duration_ms=duration_ms)
+                           attempt=attempt, output=output, duration_ms=duration_ms, cache=cache)
 
     def fail_step(self, step_id: str, iteration: int, attempt: int, error_type: str,
                   message: str, retryable: bool = False, next_retry_at: str | None = None) -> None:

@@ -24,6 +24,7 @@ import tenacity
 
 from saga import expressions, nesting, scheduler
 from saga.application import SagaApplication
+from saga.cache import ToolCache
 from saga.definition import RetryPolicy, Step
 from saga.domain import Run, idempotency_key, step_key
 from saga.errors import ExpressionError, LeaseLostError, ToolError
@@ -71,6 +72,7 @@ class Outcome:
     message: str = ""
     retryable: bool = True
     duration_ms: int = 0
+    cache: dict[str, Any] | None = None
 
 
 def wait_strategy(policy: RetryPolicy) -> tenacity.wait.wait_base:
@@ -103,8 +105,9 @@ class Executor:
 
     def __init__(self, app: SagaApplication, registry: Registry, *, worker: str | None = None,
                  clock: Callable[[], datetime] = _now, on_events: EventHook | None = None,
-                 max_threads: int = 16) -> None:
+                 max_threads: int = 16, cache: ToolCache | None = None) -> None:
         self.app = app
+        self.cache = cache
         self.registry = registry
         self.worker = worker
         self.clock = clock
@@ -259,7 +262,7 @@ class _Drive:
                                         outcome.message)
         elif outcome.ok:
             run.complete_step(outcome.step_id, outcome.iteration, outcome.attempt,
-                              outcome.output, outcome.duration_ms)
+                              outcome.output, outcome.duration_ms, outcome.cache)
         else:
             retry = scheduler.retry_decision(self.plan, outcome.step_id, outcome.attempt,
                                              outcome.error_type, outcome.retryable)
@@ -306,15 +309,33 @@ class _Drive:
                                                  action.iteration, action.parameters)
             else:
                 assert step.tool is not None
+                hit = self._cached(step, action)
+                if hit is not None:
+                    return Outcome("step", action.step_id, action.iteration, action.attempt,
+                                   output=hit.pop("output"), cache=hit)
                 output = await self._call_tool(step.tool, action.parameters, action,
                                                step.timeout_seconds)
             _check_json(output)
             _check_expectation(step, output)
+            self._remember(step, action, output)
         except Exception as e:
             return _failure("step", action.step_id, action.iteration, action.attempt, e,
                             step.timeout_seconds, started)
         return Outcome("step", action.step_id, action.iteration, action.attempt, output=output,
                        duration_ms=_ms(started))
+
+    def _cached(self, step: Step, action: StartStep) -> dict[str, Any] | None:
+        if step.cache is None or self.x.cache is None or step.tool is None:
+            return None
+        hit = self.x.cache.get(step.tool, action.parameters)
+        if hit is not None:
+            hit["hit"] = True
+        return hit
+
+    def _remember(self, step: Step, action: StartStep, output: Any) -> None:
+        if step.cache is not None and self.x.cache is not None and step.tool is not None:
+            self.x.cache.put(step.tool, action.parameters, output, self.run.run_id,
+                             action.step_id, step.cache)
 
     async def _call_compensation(self, action: CompensateStep) -> Outcome:
         step: Step = self.plan.step(action.step_id)

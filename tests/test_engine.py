@@ -541,3 +541,26 @@ def test_expect_fails_a_step_whose_output_does_not_meet_it(saga: Saga) -> None:
     ok = saga.run(saga.load(chain({"id": "gate", "tool": "echo", "args": {"passed": True},
                                    "expect": "output.passed == True"})))
     assert ok.status == "completed"
+
+
+def test_cached_results_are_reused_across_runs_and_recorded_as_hits(saga: Saga) -> None:
+    plan = saga.load(chain({"id": "config", "tool": "effect", "args": {"value": "cfg"},
+                            "cache": 300}))
+    first = saga.run(plan)
+    second = saga.run(plan)
+    assert len(calls("effect")) == 1
+    assert second.steps["config"]["output"] == first.steps["config"]["output"]
+    hit = second.steps["config"]["cache"]
+    assert hit["hit"] is True and hit["run_id"] == first.run_id and hit["step_id"] == "config"
+    assert "cache" not in first.steps["config"]
+    other = saga.run(saga.load(chain({"id": "config", "tool": "effect", "args": {"value": "x"},
+                                      "cache": 300})))
+    assert "cache" not in other.steps["config"] and len(calls("effect")) == 2
+
+
+def test_an_expired_cache_entry_is_not_used(saga: Saga) -> None:
+    plan = saga.load(chain({"id": "c", "tool": "effect", "args": {"value": 1}, "cache": 300}))
+    saga.run(plan)
+    saga.cache.clock = lambda: 10**12  # far in the future: every entry has expired
+    saga.run(plan)
+    assert len(calls("effect")) == 2
