@@ -285,6 +285,12 @@ class Saga:
             raise RunStateError(f"run {run_id} did not exist yet at {at}")
         return replay.state_at(chosen)
 
+    def executor_plan(self, run: Run) -> Plan:
+        """The plan a run is driven by (its recorded definition, compiled)."""
+        from saga.executor import plan_for
+
+        return plan_for(run)
+
     def worker_loop(self, **kwargs: Any) -> Worker:
         """A worker over this store (see :class:`saga.recovery.Worker`)."""
         return Worker(self, **kwargs)
@@ -295,9 +301,13 @@ class Saga:
 
     def status(self, run_id: str) -> dict[str, Any]:
         """The run's state as a JSON object, with its child runs (nested compositions)."""
-        summary = run_summary(self.get(run_id))
+        run = self.get(run_id)
+        summary = run_summary(run)
         children = []
         for key, step in summary.get("steps", {}).items():
+            if key in run.steps and run.steps[key]["iteration"] == 0 \
+                    and "[" not in key and self.executor_plan(run).step(key).iterates:
+                continue  # a loop's own entry repeats its last iteration's child
             output = step.get("output")
             child = output.get("run_id") if isinstance(output, dict) else None
             if child is None and (step.get("error") or {}).get("type") == "ChildRunFailed":

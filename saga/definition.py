@@ -130,6 +130,8 @@ class Step(_Model):
     loop: str | list[Any] | None = None
     loop_var: str = Field(default="item", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     loop_concurrency: int | None = Field(default=None, ge=1)
+    until: str | None = None
+    max_iterations: int | None = Field(default=None, ge=1, le=10_000)
     idempotent: bool = False
     on_interrupt: Literal["retry", "fail", "compensate"] = "retry"
     parallel_group: str | int | None = None
@@ -156,10 +158,19 @@ class Step(_Model):
             raise ValueError("a compute step takes no parameters")
         if self.loop is not None and self.compute is not None:
             raise ValueError("'loop' needs a tool or use step")
+        if self.until is not None and (self.max_iterations is None or self.loop is not None
+                                       or self.compute is not None):
+            raise ValueError("'until' repeats a tool or use step and needs 'max_iterations' "
+                             "(loops must be bounded); it cannot be combined with 'loop'")
         if self.compensate is not None and self.compensate.tool is None and self.compute:
             raise ValueError("'compensate: true' needs a tool step (it uses the tool's own "
                              "compensation)")
         return self
+
+    @property
+    def iterates(self) -> bool:
+        """True for a for-each (``loop``) or repeat-until (``until``) step."""
+        return self.loop is not None or self.until is not None
 
     @property
     def compensation(self) -> ToolCall | None:

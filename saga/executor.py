@@ -205,7 +205,9 @@ class _Drive:
         if isinstance(action, StartStep):
             return self._start(action)
         if isinstance(action, StartLoop):
-            run.start_step(action.step_id, 0, 1, {"items": action.items}, self.x.worker)
+            parameters = action.items if isinstance(action.items, dict) else {
+                "items": action.items}
+            run.start_step(action.step_id, 0, 1, parameters, self.x.worker)
         elif isinstance(action, CompleteStep):
             run.complete_step(action.step_id, action.iteration, 1, action.output, 0)
         elif isinstance(action, SkipStep):

@@ -252,6 +252,8 @@ def _step_problems(steps: list[tuple[int, Step]], graph: nx.DiGraph,
             extra = own if path.startswith("compensate") else set()
             if step.loop is not None and path != "loop":
                 extra = extra | {step.loop_var, "loop_index"}
+            if step.until is not None:
+                extra = extra | {"output", "iteration", "previous", step.key, step.id}
             problems += _reference_problems(f"{where}.{path}", names, keys, upstream, extra)
     seen_keys: dict[str, str] = {}
     for i, step in steps:
@@ -317,6 +319,8 @@ def _step_references(step: Step, where: str,
     parts: list[tuple[str, Any, Any]] = [("parameters", step.parameters, expressions.references)]
     if step.loop is not None:
         parts.append(("loop", step.loop, expressions.references))
+    if step.until is not None:
+        parts.append(("until", step.until, expressions.expression_references))
     if step.condition is not None:
         parts.append(("condition", step.condition, expressions.expression_references))
     if step.expect is not None:
@@ -338,7 +342,7 @@ def _step_references(step: Step, where: str,
 
 
 def _static_problems(path: str, value: Any) -> list[str]:
-    if path == "condition":
+    if path in ("condition", "until"):
         return expressions.check_expression(value)
     if path == "compute":
         return expressions.check_compute(value)

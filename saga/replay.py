@@ -62,7 +62,7 @@ def verify(events: list[Any], plan: Plan | None = None) -> Divergence | None:
 def _check(plan: Plan, run: Run, event: Any) -> Divergence | None:
     kind = type(event).__name__
     derived = kind == "StepCompleted" and event.iteration == 0 \
-        and plan.step(event.step_id).loop is not None
+        and plan.step(event.step_id).iterates
     if (kind in _WORLD and not derived) or (kind == "CompensationStarted" and event.requested):
         return None  # what the world, or a person's command, answered
     if kind == "StepFailed":
@@ -106,8 +106,9 @@ def _check_failure(plan: Plan, run: Run, event: Any) -> Divergence | None:
 
 def _matches(action: scheduler.Action, kind: str, e: Any) -> bool:
     if isinstance(action, StartLoop):
+        expected = action.items if isinstance(action.items, dict) else {"items": action.items}
         return (kind == "StepStarted" and e.step_id == action.step_id and e.iteration == 0
-                and e.parameters == {"items": action.items})
+                and e.parameters == expected)
     if isinstance(action, CompleteStep):
         return (kind == "StepCompleted" and e.step_id == action.step_id
                 and e.iteration == action.iteration and e.output == action.output)

@@ -32,11 +32,12 @@ class StartStep:
 
 @dataclass(frozen=True)
 class StartLoop:
-    """Record a for-each step's ``StepStarted`` with the items it will iterate over; its
-    iterations (1-based) then start as steps of their own."""
+    """Record a for-each step's ``StepStarted`` with the items it will iterate over (or a
+    repeat step's with its bound, ``{"repeat": N}``); its iterations (1-based) then start
+    as steps of their own."""
 
     step_id: str
-    items: list[Any]
+    items: list[Any] | dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -178,8 +179,8 @@ def _busy(view: _View) -> bool:
 
 
 def is_loop_parent(plan: Plan, state: dict[str, Any]) -> bool:
-    """True for the state of a for-each step itself (not one of its iterations)."""
-    return state["iteration"] == 0 and plan.step(state["step_id"]).loop is not None
+    """True for the state of a for-each or repeat step itself (not one of its iterations)."""
+    return state["iteration"] == 0 and plan.step(state["step_id"]).iterates
 
 
 def _occupied(view: _View) -> int:
@@ -215,6 +216,9 @@ def _step_actions(view: _View) -> list[Action]:
         state = _state(view, step_id)
         if step.loop is not None and state["status"] == "running":
             actions += _iteration_actions(view, step, state, slots)
+            continue
+        if step.until is not None and state["status"] == "running":
+            actions += _repeat_actions(view, step, state)
             continue
         if _retry_pending(state):
             actions.append(StartStep(step_id, 0, state["attempt"] + 1,
@@ -270,6 +274,48 @@ def _iteration_actions(view: _View, step: Step, parent: dict[str, Any],
                                       for s in states])]
 
 
+def _repeat_actions(view: _View, step: Step, parent: dict[str, Any]) -> list[Action]:
+    """A running repeat-until step: run iteration k+1 until ``until`` holds over iteration
+    k's output, at most ``max_iterations`` times; reaching the bound fails the step."""
+    bound = parent["parameters"]["repeat"]
+    done = 0
+    while step_key(step.id, done + 1) in view.run.steps:
+        done += 1
+    if done == 0:
+        return [_repeat_start(view, step, 1, None)]
+    last = view.run.step(step_key(step.id, done))
+    if _retry_pending(last):
+        return [StartStep(step.id, done, last["attempt"] + 1, last.get("parameters"),
+                          not_before=last["retry_at"])]
+    if last["status"] == "running":
+        return []
+    if last["status"] == "failed":
+        error = last.get("error") or {}
+        return [FailStep(step.id, 0, 1, error.get("type", "IterationFailed"),
+                         f"iteration {done}: {error.get('message', '')}")]
+    names = dict(view.namespace, output=last["output"], iteration=done)
+    try:
+        finished = bool(expressions.evaluate(step.until or "", names))
+    except ExpressionError as e:
+        return [FailStep(step.id, 0, 1, "ExpressionError", f"until: {e}")]
+    if finished:
+        return [CompleteStep(step.id, 0, last["output"])]
+    if done >= bound:
+        return [FailStep(step.id, 0, 1, "MaxIterationsReached",
+                         f"'{step.until}' still false after {bound} iterations")]
+    return [_repeat_start(view, step, done + 1, last["output"])]
+
+
+def _repeat_start(view: _View, step: Step, iteration: int, previous: Any) -> Action:
+    names = dict(view.namespace, iteration=iteration, previous=previous)
+    if step.use is not None:
+        return _use_start(view, step, iteration, names)
+    try:
+        return StartStep(step.id, iteration, 1, expressions.render(step.parameters, names))
+    except ExpressionError as e:
+        return FailStep(step.id, iteration, 1, "ExpressionError", f"parameters: {e}")
+
+
 def _use_start(view: _View, step: Step, iteration: int, names: dict[str, Any]) -> Action:
     """Start a nested composition: its inputs rendered, its child run id derived."""
     try:
@@ -306,6 +352,8 @@ def _ready_action(view: _View, step: Step) -> Action | None:
         return approval if isinstance(approval, RequestApproval | FailStep) else None
     if step.compute is not None:
         return StartStep(step.id, 0, 1, {"compute": step.compute})
+    if step.until is not None:
+        return StartLoop(step.id, {"repeat": step.max_iterations})
     if step.use is not None and step.loop is None:
         return _use_start(view, step, 0, view.namespace)
     if step.loop is not None:
@@ -394,7 +442,7 @@ def _compensation(view: _View) -> list[Action]:
         assert compensation is not None
         names = dict(view.namespace, output=state["output"],
                      parameters=state.get("parameters"), error=view.run.error)
-        if step.loop is not None:
+        if step.loop is not None and state["iteration"] > 0:
             items = view.run.steps[step_key(step.id)]["parameters"]["items"]
             names.update({step.loop_var: items[state["iteration"] - 1],
                           "loop_index": state["iteration"] - 1})

@@ -564,3 +564,43 @@ def test_an_expired_cache_entry_is_not_used(saga: Saga) -> None:
     saga.cache.clock = lambda: 10**12  # far in the future: every entry has expired
     saga.run(plan)
     assert len(calls("effect")) == 2
+
+
+# -- bounded repetition --------------------------------------------------------------------
+
+def test_repeat_until_runs_again_until_the_condition_holds(saga: Saga) -> None:
+    plan = saga.load(chain({"id": "poll", "tool": "echo",
+                            "args": {"n": "{{ iteration }}", "prev": "{{ previous }}"},
+                            "until": "output.n >= 3", "max_iterations": 5}))
+    run = saga.run(plan)
+    assert run.status == "completed"
+    assert run.steps["poll"]["output"] == {"n": 3, "prev": {"n": 2, "prev": {"n": 1,
+                                                                          "prev": None}}}
+    assert [k for k in run.steps if k.startswith("poll[")] == ["poll[1]", "poll[2]", "poll[3]"]
+
+
+def test_repeat_records_reaching_its_bound(saga: Saga) -> None:
+    plan = saga.load(chain({"id": "poll", "tool": "echo", "args": {"n": "{{ iteration }}"},
+                            "until": "output.n > 10", "max_iterations": 2}))
+    run = saga.run(plan)
+    assert run.status == "failed"
+    assert run.steps["poll"]["error"]["type"] == "MaxIterationsReached"
+    assert "after 2 iterations" in run.steps["poll"]["error"]["message"]
+
+
+def test_repeat_needs_a_bound(saga: Saga) -> None:
+    from saga.errors import DefinitionError
+
+    with pytest.raises(DefinitionError, match="max_iterations"):
+        saga.load(chain({"id": "poll", "tool": "echo", "until": "output"}))
+
+
+def test_a_repeated_group_is_a_nested_composition(saga: Saga) -> None:
+    plan = saga.load(chain({"id": "attempt", "use": CHILD, "args": {"who": "try{{ iteration }}"},
+                            "until": "output.outputs.made == 'try2'", "max_iterations": 3}))
+    run = saga.run(plan)
+    assert run.status == "completed"
+    assert run.steps["attempt"]["output"]["outputs"] == {"made": "try2"}
+    children = saga.status(run.run_id)["children"]
+    assert [c["step"] for c in children] == ["attempt[1]", "attempt[2]"]
+    assert [c["outputs"] for c in children] == [{"made": "try1"}, {"made": "try2"}]
