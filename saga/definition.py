@@ -107,6 +107,15 @@ class ToolCall(_Model):
         return self.tool is None
 
 
+class HealHandler(_Model):
+    """Auto-heal (seed 002): when a failed attempt's ``error`` matches ``when``, run the
+    remedy calls in ``do``, then retry the step; at most ``max`` times per step."""
+
+    when: str
+    do: list[ToolCall] = Field(min_length=1)
+    max: int = Field(default=1, ge=1, le=10)
+
+
 class Step(_Model):
     """One step of the step-list form: a tool call or a compute block, and its policies."""
 
@@ -121,6 +130,7 @@ class Step(_Model):
     condition: str | None = Field(default=None, alias="when")
     expect: str | None = None
     cache: float | None = Field(default=None, gt=0, description="seconds to reuse the output")
+    heal: list[HealHandler] = Field(default_factory=list)
     timeout_ms: int | None = Field(default=None, gt=0)
     timeout: float | None = Field(default=None, gt=0, description="seconds")
     retry_count: int | None = Field(default=None, ge=0, le=100)

@@ -274,6 +274,41 @@ class Run(Aggregate):
             s = aggregate._step(self.step_id, self.iteration)
             s.update(status="skipped", reason=self.reason, finished_at=_iso(self.timestamp))
 
+    class HealStarted(Event):
+        """A failed attempt matched an auto-heal handler: its remedies run, then a retry."""
+
+        TOPIC = "saga.HealStarted"
+        step_id: str
+        iteration: int
+        attempt: int
+        handler: int
+        remedies: list[dict[str, Any]]
+
+        def apply(self, aggregate: Any) -> None:
+            s = aggregate._step(self.step_id, self.iteration)
+            s["healing"] = {"handler": self.handler, "remedies": self.remedies, "done": []}
+            heals = s.setdefault("heals", {})
+            heals[str(self.handler)] = heals.get(str(self.handler), 0) + 1
+
+    class RemedyApplied(Event):
+        """One remedy of an auto-heal ran (successfully or not; the retry follows anyway)."""
+
+        TOPIC = "saga.RemedyApplied"
+        step_id: str
+        iteration: int
+        index: int
+        ok: bool
+        output: Any
+        error: str | None
+
+        def apply(self, aggregate: Any) -> None:
+            s = aggregate._step(self.step_id, self.iteration)
+            healing = s["healing"]
+            healing["done"].append({"ok": self.ok, "output": self.output, "error": self.error})
+            if len(healing["done"]) >= len(healing["remedies"]):
+                s.setdefault("healed", []).append(healing)
+                s["healing"] = None
+
     # -- approvals ---------------------------------------------------------------------
 
     class ApprovalRequested(Event):
@@ -468,6 +503,18 @@ class Run(Aggregate):
     def skip_step(self, step_id: str, iteration: int, reason: str) -> None:
         """Record that a step will not run, and why."""
         self.trigger_event(self.StepSkipped, step_id=step_id, iteration=iteration, reason=reason)
+
+    def start_heal(self, step_id: str, iteration: int, attempt: int, handler: int,
+                   remedies: list[dict[str, Any]]) -> None:
+        """Record that an auto-heal handler fires for a failed attempt."""
+        self.trigger_event(self.HealStarted, step_id=step_id, iteration=iteration,
+                           attempt=attempt, handler=handler, remedies=remedies)
+
+    def remedy_applied(self, step_id: str, iteration: int, index: int, ok: bool, output: Any,
+                       error: str | None) -> None:
+        """Record one remedy's outcome."""
+        self.trigger_event(self.RemedyApplied, step_id=step_id, iteration=iteration,
+                           index=index, ok=ok, output=output, error=error)
 
     def request_approval(self, step_id: str, message: str) -> None:
         """Record that a step waits for a decision."""

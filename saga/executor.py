@@ -35,6 +35,7 @@ from saga.scheduler import (
     FailStep,
     FinishRun,
     RequestApproval,
+    RunRemedy,
     SkipStep,
     StartCompensation,
     StartLoop,
@@ -146,6 +147,7 @@ class _Drive:
         self.lease = lease
         self.tasks: dict[asyncio.Task[Outcome], tuple[str, str, int]] = {}
         self.timers: set[tuple[str, int]] = set()
+        self.remedies: set[tuple[Any, ...]] = set()
         self.compensating: set[str] = set()
 
     async def go(self) -> Run:
@@ -221,6 +223,11 @@ class _Drive:
             run.start_compensation(action.reason, action.steps)
         elif isinstance(action, CompensateStep):
             return self._compensate(action)
+        elif isinstance(action, RunRemedy):
+            marker = ("remedy", action.step_id, action.iteration, action.index)
+            if marker not in self.remedies:
+                self.remedies.add(marker)
+                return ("remedy", action)
         elif isinstance(action, FinishRun):
             run.finish(action.status, action.outputs, action.error, action.failed_step,
                        action.actor)
@@ -255,6 +262,11 @@ class _Drive:
         run = self.run
         if outcome.kind == "timer":
             self.timers.discard((outcome.step_id, outcome.attempt))
+        elif outcome.kind == "remedy":
+            self.remedies.discard(("remedy", outcome.step_id, outcome.iteration, outcome.attempt))
+            run.remedy_applied(outcome.step_id, outcome.iteration, outcome.attempt, outcome.ok,
+                               outcome.output if outcome.ok else None,
+                               None if outcome.ok else f"{outcome.error_type}: {outcome.message}")
         elif outcome.kind == "compensation":
             self.compensating.discard(f"{outcome.step_id}:{outcome.iteration}")
             if outcome.ok:
@@ -266,15 +278,26 @@ class _Drive:
             run.complete_step(outcome.step_id, outcome.iteration, outcome.attempt,
                               outcome.output, outcome.duration_ms, outcome.cache)
         else:
-            retry = scheduler.retry_decision(self.plan, outcome.step_id, outcome.attempt,
-                                             outcome.error_type, outcome.retryable)
-            next_at = None
-            if retry:
-                step = self.plan.step(outcome.step_id)
-                delay = retry_delay(step.retry or _default_policy(self.plan), outcome.attempt)
-                next_at = (self.x.clock() + timedelta(seconds=delay)).isoformat()
-            run.fail_step(outcome.step_id, outcome.iteration, outcome.attempt,
-                          outcome.error_type, outcome.message, retry, next_at)
+            self._record_failure(outcome)
+
+    def _record_failure(self, outcome: Outcome) -> None:
+        """A failed attempt: healed (remedies, then a retry), retried after a backoff, or
+        failed for good."""
+        heal = scheduler.heal_decision(self.plan, self.run, outcome.step_id, outcome.iteration,
+                                       outcome.error_type, outcome.message)
+        retry = heal is not None or scheduler.retry_decision(
+            self.plan, outcome.step_id, outcome.attempt, outcome.error_type, outcome.retryable)
+        next_at = None
+        if heal is not None:
+            next_at = self.x.clock().isoformat()
+        elif retry:
+            step = self.plan.step(outcome.step_id)
+            delay = retry_delay(step.retry or _default_policy(self.plan), outcome.attempt)
+            next_at = (self.x.clock() + timedelta(seconds=delay)).isoformat()
+        self.run.fail_step(outcome.step_id, outcome.iteration, outcome.attempt,
+                           outcome.error_type, outcome.message, retry, next_at)
+        if heal is not None:
+            self.run.start_heal(outcome.step_id, outcome.iteration, outcome.attempt, *heal)
 
     def _save(self) -> None:
         pending = list(self.run.pending_events)
@@ -294,6 +317,9 @@ class _Drive:
         elif kind == "step":
             coro = self._call_step(payload)
             ident = (kind, payload.step_id, payload.attempt)
+        elif kind == "remedy":
+            coro = self._call_remedy(payload)
+            ident = (kind, payload.step_id, payload.index)
         else:
             coro = self._call_compensation(payload)
             ident = (kind, payload.step_id, 0)
@@ -324,6 +350,20 @@ class _Drive:
             return _failure("step", action.step_id, action.iteration, action.attempt, e,
                             step.timeout_seconds, started)
         return Outcome("step", action.step_id, action.iteration, action.attempt, output=output,
+                       duration_ms=_ms(started))
+
+    async def _call_remedy(self, action: RunRemedy) -> Outcome:
+        """Call one auto-heal remedy; its ``attempt`` field carries the remedy's index."""
+        started = time.monotonic()
+        call = StartStep(action.step_id, action.iteration, 1, action.parameters)
+        try:
+            output = await self._call_tool(action.tool, action.parameters, call, None,
+                                           suffix=f":heal{action.index}")
+            _check_json(output)
+        except Exception as e:
+            return _failure("remedy", action.step_id, action.iteration, action.index, e, None,
+                            started)
+        return Outcome("remedy", action.step_id, action.iteration, action.index, output=output,
                        duration_ms=_ms(started))
 
     def _cached(self, step: Step, action: StartStep) -> dict[str, Any] | None:

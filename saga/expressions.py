@@ -202,6 +202,8 @@ _SAFE_BUILTINS: dict[str, Any] = {
     "enumerate": enumerate, "zip": zip, "range": _range, "abs": abs, "round": round,
 }
 _SAFE_CALLABLES = frozenset(id(f) for f in _SAFE_BUILTINS.values())
+# YAML and JSON spellings of the constants, so `when: "x == true"` reads as users expect.
+_CONSTANTS: dict[str, Any] = {"true": True, "false": False, "null": None}
 _METHODS: dict[type, frozenset[str]] = {
     str: frozenset({
         "lower", "upper", "strip", "lstrip", "rstrip", "split", "rsplit", "splitlines",
@@ -396,6 +398,8 @@ class _Interpreter:
             return value
         if name in _SAFE_BUILTINS:
             return _SAFE_BUILTINS[name]
+        if name in _CONSTANTS:
+            return _CONSTANTS[name]
         raise self.error(node, f"name {name!r} is not defined")
 
     def elements(self, elts: list[ast.expr]) -> list[Any]:
@@ -656,7 +660,7 @@ def _free_names(source: str, mode: str) -> set[str]:
         raise ExpressionError(f"{problems[0]} in {source!r}", source)
     finder = _FreeNames()
     finder.visit(tree)
-    return finder.free - set(_SAFE_BUILTINS)
+    return finder.free - set(_SAFE_BUILTINS) - set(_CONSTANTS)
 
 
 def _compute_source(code: str) -> str:

@@ -28,7 +28,8 @@ from saga.scheduler import (
     StartStep,
 )
 
-_WORLD = {"StepCompleted", "ApprovalGranted", "ApprovalRejected", "RunRetried"}
+_WORLD = {"StepCompleted", "ApprovalGranted", "ApprovalRejected", "RunRetried",
+          "RemedyApplied"}
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,8 @@ def _check(plan: Plan, run: Run, event: Any) -> Divergence | None:
         return None  # what the world, or a person's command, answered
     if kind == "StepFailed":
         return _check_failure(plan, run, event)
+    if kind == "HealStarted":
+        return _check_heal(plan, run, event)
     expected = _expected(plan, run)
     if any(_matches(action, kind, event) for action in expected):
         return None
@@ -96,12 +99,26 @@ def _check_failure(plan: Plan, run: Run, event: Any) -> Divergence | None:
             return None
         return Divergence(event.originator_version, "StepFailed", _payload(event),
                           [_describe(a) for a in expected])
-    retry = scheduler.retry_decision(plan, event.step_id, event.attempt, event.error_type,
-                                     True)
+    heal = scheduler.heal_decision(plan, run, event.step_id, event.iteration, event.error_type,
+                                   event.message)
+    retry = heal is not None or scheduler.retry_decision(
+        plan, event.step_id, event.attempt, event.error_type, True)
     if event.retryable and not retry:
         return Divergence(event.originator_version, "StepFailed", _payload(event),
                           [f"no retry of {event.step_id} after attempt {event.attempt}"])
     return None
+
+
+def _check_heal(plan: Plan, run: Run, event: Any) -> Divergence | None:
+    state = run.step(event.step_id if event.iteration == 0 else
+                     f"{event.step_id}[{event.iteration}]")
+    error = state.get("error") or {}
+    heal = scheduler.heal_decision(plan, run, event.step_id, event.iteration,
+                                   error.get("type", ""), error.get("message", ""))
+    if heal is not None and heal == (event.handler, event.remedies):
+        return None
+    return Divergence(event.originator_version, "HealStarted", _payload(event),
+                      [f"heal with {heal}" if heal else "no auto-heal"])
 
 
 def _matches(action: scheduler.Action, kind: str, e: Any) -> bool:

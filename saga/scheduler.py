@@ -50,6 +50,17 @@ class CompleteStep:
 
 
 @dataclass(frozen=True)
+class RunRemedy:
+    """Call the next remedy of a step's auto-heal (before its retry)."""
+
+    step_id: str
+    iteration: int
+    index: int
+    tool: str
+    parameters: Any
+
+
+@dataclass(frozen=True)
 class SkipStep:
     """Record ``StepSkipped``."""
 
@@ -111,8 +122,8 @@ class FinishRun:
     actor: str | None = None
 
 
-Action = (StartStep | StartLoop | CompleteStep | SkipStep | FailStep | RequestApproval
-          | StartCompensation | CompensateStep | FinishRun)
+Action = (StartStep | StartLoop | CompleteStep | RunRemedy | SkipStep | FailStep
+          | RequestApproval | StartCompensation | CompensateStep | FinishRun)
 
 
 @dataclass
@@ -221,8 +232,7 @@ def _step_actions(view: _View) -> list[Action]:
             actions += _repeat_actions(view, step, state)
             continue
         if _retry_pending(state):
-            actions.append(StartStep(step_id, 0, state["attempt"] + 1,
-                                     state.get("parameters"), not_before=state["retry_at"]))
+            actions.append(_retry(step, 0, state))
             continue
         if state["status"] != "pending":
             continue
@@ -256,8 +266,7 @@ def _iteration_actions(view: _View, step: Step, parent: dict[str, Any],
     actions: list[Action] = []
     for i, state in enumerate(states, 1):
         if _retry_pending(state):
-            actions.append(StartStep(step.id, i, state["attempt"] + 1, state.get("parameters"),
-                                     not_before=state["retry_at"]))
+            actions.append(_retry(step, i, state))
         elif state["status"] == "pending" and not broken and active < limit and slots[0] > 0:
             active, slots[0] = active + 1, slots[0] - 1
             actions.append(_iteration_start(view, step, i, items[i - 1]))
@@ -274,6 +283,41 @@ def _iteration_actions(view: _View, step: Step, parent: dict[str, Any],
                                       for s in states])]
 
 
+def _retry(step: Step, iteration: int, state: dict[str, Any]) -> Action:
+    """The next attempt of a failed step, after the remedies of an auto-heal if one runs."""
+    healing = state.get("healing")
+    if healing:
+        index = len(healing["done"])
+        remedy = healing["remedies"][index]
+        return RunRemedy(step.id, iteration, index, remedy["tool"], remedy["parameters"])
+    return StartStep(step.id, iteration, state["attempt"] + 1, state.get("parameters"),
+                     not_before=state["retry_at"])
+
+
+def heal_decision(plan: Plan, run: Run, step_id: str, iteration: int, error_type: str,
+                  message: str) -> tuple[int, list[dict[str, Any]]] | None:
+    """The auto-heal handler a failed attempt triggers, with its remedies rendered; None
+    when no handler matches or every matching one has fired ``max`` times."""
+    step = plan.step(step_id)
+    if not step.heal:
+        return None
+    state = run.step(step_key(step_id, iteration))
+    names = dict(namespace(plan, run), error={"type": error_type, "message": message})
+    for index, handler in enumerate(step.heal):
+        if state.get("heals", {}).get(str(index), 0) >= handler.max:
+            continue
+        try:
+            if not expressions.evaluate(handler.when, names):
+                continue
+            remedies = [{"tool": call.tool, "parameters": expressions.render(call.parameters,
+                                                                             names)}
+                        for call in handler.do]
+        except ExpressionError:
+            continue
+        return index, remedies
+    return None
+
+
 def _repeat_actions(view: _View, step: Step, parent: dict[str, Any]) -> list[Action]:
     """A running repeat-until step: run iteration k+1 until ``until`` holds over iteration
     k's output, at most ``max_iterations`` times; reaching the bound fails the step."""
@@ -285,8 +329,7 @@ def _repeat_actions(view: _View, step: Step, parent: dict[str, Any]) -> list[Act
         return [_repeat_start(view, step, 1, None)]
     last = view.run.step(step_key(step.id, done))
     if _retry_pending(last):
-        return [StartStep(step.id, done, last["attempt"] + 1, last.get("parameters"),
-                          not_before=last["retry_at"])]
+        return [_retry(step, done, last)]
     if last["status"] == "running":
         return []
     if last["status"] == "failed":

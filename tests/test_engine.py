@@ -604,3 +604,39 @@ def test_a_repeated_group_is_a_nested_composition(saga: Saga) -> None:
     children = saga.status(run.run_id)["children"]
     assert [c["step"] for c in children] == ["attempt[1]", "attempt[2]"]
     assert [c["outputs"] for c in children] == [{"made": "try1"}, {"made": "try2"}]
+
+
+# -- auto-heal -----------------------------------------------------------------------------
+
+def test_auto_heal_runs_remedies_then_retries(saga: Saga) -> None:
+    plan = saga.load(chain({
+        "id": "create_branch", "tool": "act", "args": {"fail_times": 1,
+                                                        "error_type": "NetworkTimeout"},
+        "heal": [
+            {"when": "'Auth' in error.type", "do": [{"tool": "kube_login",
+                                                      "args": {"cluster": "ephemeral"}}]},
+            {"when": "error.type == 'NetworkTimeout'",
+             "do": [{"tool": "vpn_connect"}, {"tool": "echo", "args": {"why": "{{ error.message }}"}}]},
+        ]}))
+    run = saga.run(plan)
+    assert run.status == "completed"
+    assert [c["tool"] for c in standins.CALLS] == ["act", "vpn_connect", "act"]
+    events = saga.history(run.run_id)
+    heal = next(e for e in events if e["type"] == "HealStarted")["payload"]
+    assert heal["handler"] == 1 and heal["attempt"] == 1
+    assert heal["remedies"][1] == {"tool": "echo",
+                                   "parameters": {"why": "act create_branch failed"}}
+    applied = [e["payload"] for e in events if e["type"] == "RemedyApplied"]
+    assert [a["index"] for a in applied] == [0, 1] and all(a["ok"] for a in applied)
+    assert calls("vpn_connect")[0]["key"] == f"{run.run_id}:create_branch:0:heal0"
+
+
+def test_auto_heal_is_bounded(saga: Saga) -> None:
+    plan = saga.load(chain({
+        "id": "flaky", "tool": "act", "args": {"fail": True},
+        "heal": [{"when": "true", "do": [{"tool": "vpn_connect"}], "max": 2}]}))
+    run = saga.run(plan)
+    assert run.status == "failed"
+    assert [c["tool"] for c in standins.CALLS] == ["act", "vpn_connect", "act", "vpn_connect",
+                                                  "act"]
+    assert len([e for e in saga.history(run.run_id) if e["type"] == "HealStarted"]) == 2

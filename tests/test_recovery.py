@@ -275,3 +275,27 @@ def test_many_workers_drain_hundreds_of_runs_exactly_once(pg_settings: Settings,
         for run_id in ids[:20]:
             assert saga.verify(run_id) is None
         assert all(saga.get(i).status in TERMINAL for i in ids)
+
+
+def test_a_waiting_run_survives_restarts_and_a_worker_continues_it(settings: Settings,
+                                                                  registry: Registry,
+                                                                  tmp_path: Path) -> None:
+    settings = replace(settings, lease_seconds=LEASE)
+    definition = {"name": "approve-me", "steps": [
+        effect("prepare", 1),
+        {"id": "deploy", "tool": "effect", "args": {"value": 2}, "confirm": "Deploy now?"}]}
+    log = tmp_path / "calls.log"
+    with Saga(settings, registry=registry) as saga:
+        run = saga.submit(saga.load(definition))
+    # A worker process drives it until it waits, then exits: nothing holds the run.
+    assert crash_worker(settings, 0, log) == 0
+    with Saga(settings, registry=registry) as saga:
+        waiting = saga.get(run.run_id)
+        assert waiting.status == "waiting" and waiting.pending_approvals == ["deploy"]
+        saga.decide(run.run_id, "deploy", True, actor="carol")
+    assert crash_worker(settings, 0, log) == 0  # a fresh worker sees the decision
+    with Saga(settings, registry=registry) as saga:
+        final = saga.get(run.run_id)
+        assert final.status == "completed"
+        assert final.approvals["deploy"]["actor"] == "carol"
+        check_history(saga, run.run_id)
