@@ -616,7 +616,8 @@ def test_auto_heal_runs_remedies_then_retries(saga: Saga) -> None:
             {"when": "'Auth' in error.type", "do": [{"tool": "kube_login",
                                                       "args": {"cluster": "ephemeral"}}]},
             {"when": "error.type == 'NetworkTimeout'",
-             "do": [{"tool": "vpn_connect"}, {"tool": "echo", "args": {"why": "{{ error.message }}"}}]},
+             "do": [{"tool": "vpn_connect"},
+                    {"tool": "echo", "args": {"why": "{{ error.message }}"}}]},
         ]}))
     run = saga.run(plan)
     assert run.status == "completed"
