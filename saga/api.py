@@ -20,6 +20,7 @@ from typing import Any
 
 from saga import expressions, nesting, replay
 from saga.application import SagaApplication, open_app
+from saga.audit import REDACTED
 from saga.cache import ToolCache
 from saga.config import Settings, load_settings
 from saga.database import Database
@@ -207,6 +208,7 @@ class Saga:
         run = self.get(run_id)
         if run.is_finished:
             raise RunStateError(f"run {run_id} already ended {run.status}")
+        _refuse_redacted(run)
         return self.drive(run, on_events=on_events)
 
     def retry(self, run_id: str, *, actor: str | None = None,
@@ -250,6 +252,7 @@ class Saga:
         """Append a command's event (reloading on a concurrent write), then drive the run."""
         for _ in range(5):
             run = self.get(run_id)
+            _refuse_redacted(run)
             record(run)
             try:
                 self.app.save_run(run)
@@ -266,7 +269,11 @@ class Saga:
 
     def verify(self, run_id: str) -> Divergence | None:
         """Replay the run's history through the current scheduler; the first divergence."""
-        return replay.verify(self.events(run_id))
+        events = self.events(run_id)
+        if events and getattr(events[0], "inputs", None) == REDACTED:
+            raise RunStateError(f"run {run_id} was redacted by retention: its inputs and "
+                                "outputs are gone, so its decisions cannot be replayed")
+        return replay.verify(events)
 
     def state_at(self, run_id: str, at: str) -> Run:
         """The run as it was at a version number or an ISO timestamp."""
@@ -355,6 +362,14 @@ class Saga:
         run.decide_approval(step_id, approved, actor or self.settings.actor, comment)
         self.app.save_run(run)
         return run
+
+
+def _refuse_redacted(run: Run) -> None:
+    """A run whose user data retention removed cannot be driven: its tools would get
+    ``{"_redacted": true}`` where parameters and outputs were."""
+    if run.inputs == REDACTED:
+        raise RunStateError(f"run {run.run_id} was redacted by retention; it can no longer "
+                            "be resumed, retried, compensated or cancelled")
 
 
 def _row_summary(row: dict[str, Any]) -> dict[str, Any]:

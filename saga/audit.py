@@ -16,7 +16,8 @@ and one of :data:`REASONS`):
 - ``event inserted or reordered``: versions out of order, a second first event, an event
   of another run, or an event whose ``prev_hash`` names an event stored elsewhere in the
   run (swapped versions), or which a later event skips over (inserted, versions shifted);
-- ``payload edited``: the payload's sha256 differs from the ``payload_hash`` recorded;
+- ``payload edited``: the payload's sha256 differs from the ``payload_hash`` recorded
+  (or the stored state is not a JSON object at all);
 - ``forged``: with a key, the ``mac`` is missing or wrong (in an export, also an event
   whose recorded ``hash`` does not match its fields).
 
@@ -33,7 +34,7 @@ What the chain alone cannot prove:
   because a run may legitimately go on, e.g. a completed run compensated later — as an
   earlier event's link); if it is nowhere, the tail was deleted (``event deleted``,
   ``broken_at`` = the first missing version).
-- **Who changed an event's envelope without a key.** If an event's time, actor or type is
+- **Which event changed, without a key.** If an event's time, actor or type is
   edited (or its payload with ``payload_hash`` updated), the break shows at its successor,
   whose recorded predecessor no longer exists: reported as ``event deleted`` there, with
   a message that says either is possible. With the key it is ``forged`` at the event.
@@ -109,6 +110,8 @@ _POSTGRES_TABLES = ("saga_events", "saga_snapshots")
 # How many alternative (event, version) links a failed verification may compute to tell
 # a reordering from a deletion (diagnosis only: the break itself is found exactly).
 _SEARCH_BUDGET = 200_000
+# The state of a record whose stored bytes are not a JSON object.
+_UNREADABLE = "_unreadable_"
 
 
 # -- records ---------------------------------------------------------------------------
@@ -181,7 +184,7 @@ def _unwrap(value: Any) -> Any:
     """Turn the library's ``{"_type_", "_data_"}`` wrappings back into the objects."""
     if isinstance(value, dict):
         if len(value) == 2 and value.get("_type_") in _WRAPPED and "_data_" in value:
-            with contextlib.suppress(ValueError, TypeError, ArithmeticError):
+            with contextlib.suppress(Exception):  # a doctored value: hash it as it is
                 return _WRAPPED[value["_type_"]](value["_data_"])
             return value
         return {k: _unwrap(v) for k, v in value.items()}
@@ -270,9 +273,16 @@ def verify_records(records: Sequence[Record], key: bytes | str | None = None,
         if r.run_id != run_id:
             return broken(v, INSERTED_OR_REORDERED,
                           f"event {v} ({kind}) belongs to run {r.run_id}, not {run_id}")
+        if _UNREADABLE in r.state and v == (1 if i == 0 else records[i - 1].version + 1):
+            return broken(v, PAYLOAD_EDITED, f"event {v} ({kind}) is not a JSON object: its "
+                          "stored state was overwritten")
         if i == 0:
+            if v > 1 and any(x.version == 1 for x in records[1:]):
+                return broken(1, INSERTED_OR_REORDERED,
+                              f"event {v} ({kind}) comes before event 1: events were reordered")
             if v > 1:
-                return broken(1, EVENT_DELETED, f"the run's events 1..{v - 1} are missing")
+                missing = "event 1 is" if v == 2 else f"events 1..{v - 1} are"
+                return broken(1, EVENT_DELETED, f"the run's {missing} missing")
             if v < 1 or kind != FIRST_TYPE or r.prev_hash != GENESIS:
                 return broken(v, NOT_A_CHAIN,
                               f"the first event is {kind} version {v} with prev_hash "
@@ -283,6 +293,10 @@ def verify_records(records: Sequence[Record], key: bytes | str | None = None,
             if v <= before:
                 return broken(v, INSERTED_OR_REORDERED,
                               f"event {v} ({kind}) comes after event {before}")
+            if v > before + 1 and any(x.version == before + 1 for x in records[i + 1:]):
+                return broken(before + 1, INSERTED_OR_REORDERED,
+                              f"event {v} ({kind}) comes before event {before + 1}: events "
+                              "were reordered")
             if v > before + 1:
                 missing = (f"event {before + 1} is" if v == before + 2
                            else f"events {before + 1}..{v - 1} are")
@@ -294,7 +308,7 @@ def verify_records(records: Sequence[Record], key: bytes | str | None = None,
                 at, reason, message = _diagnose(records, links, i)
                 return broken(at, reason, message)
         if payload_digest(r.state) != r.payload_hash:
-            if _is_redacted(r) and i < last_terminal:
+            if _is_redacted(r) and i <= last_terminal:
                 redacted += 1
             else:
                 return broken(v, PAYLOAD_EDITED,
@@ -303,7 +317,7 @@ def verify_records(records: Sequence[Record], key: bytes | str | None = None,
         if key_bytes:
             if r.mac is None:
                 return broken(v, FORGED, f"event {v} ({kind}) carries no mac")
-            if not hmac.compare_digest(r.mac, sign(key_bytes, links[i])):
+            if not hmac.compare_digest(r.mac.encode(), sign(key_bytes, links[i]).encode()):
                 return broken(v, FORGED, f"the mac of event {v} ({kind}) is wrong: its fields "
                               "were changed, or it was not written with this key")
     head = links[-1]
@@ -312,8 +326,9 @@ def verify_records(records: Sequence[Record], key: bytes | str | None = None,
         if expected_head not in links:
             last = records[-1].version
             return broken(last + 1, EVENT_DELETED,
-                          f"the known head {expected_head} is not in the chain: events "
-                          f"after version {last} were deleted (or the history was rewritten)")
+                          f"the known head {expected_head} is not in the chain: event "
+                          f"{last + 1} and any after it were deleted (or the history was "
+                          "rewritten)")
         at = records[links.index(expected_head)].version
         message += f"; the known head is event {at}, {records[-1].version - at} recorded since"
     return Result(ok=True, run_id=run_id, events=len(records), head=head, redacted=redacted,
@@ -433,8 +448,8 @@ def _decode_state(raw: Any) -> dict[str, Any]:
     try:
         state = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
-        return {"_undecodable_": data.decode("utf-8", "replace")}
-    return state if isinstance(state, dict) else {"_undecodable_": state}
+        return {_UNREADABLE: data.decode("utf-8", "replace")}
+    return state if isinstance(state, dict) else {_UNREADABLE: state}
 
 
 def _encode_state(state: Mapping[str, Any]) -> bytes:
@@ -603,8 +618,9 @@ def verify_export(text: str, key: bytes | str | None = None,
                        f"the export's head is event {at}: the events after it were added",
                        result.redacted, keyed)
     return _broken(run_id, records, records[-1].version + 1, EVENT_DELETED,
-                   f"the export's head {head} is not in its chain: its last events were "
-                   "removed (or the head was edited)", result.redacted, keyed)
+                   f"the export's head {head} is not in its chain: event "
+                   f"{records[-1].version + 1} and any after it were removed (or the head "
+                   "was edited)", result.redacted, keyed)
 
 
 # -- retention -------------------------------------------------------------------------

@@ -500,7 +500,7 @@ def test_on_error_rejects_anything_else(on_error: str) -> None:
 @pytest.mark.parametrize("action", [{"tool": "t", "compute": "result = 1"}, {}])
 def test_a_step_needs_exactly_one_action(action: dict[str, Any]) -> None:
     assert problems_of(one_step(**action)) == [
-        Problem("steps[0]", "a step needs exactly one of 'tool' or 'compute'")]
+        Problem("steps[0]", "a step needs exactly one of 'tool', 'compute' or 'use'")]
 
 
 def test_a_compute_step_takes_no_parameters() -> None:

@@ -285,7 +285,7 @@ def test_every_problem_is_reported_together_with_its_path() -> None:
     assert ("steps", "dependency cycle: a -> b -> a") in found
     assert ("steps[5].depend_on", "unknown key (not part of the composition language)") in found
     assert ("steps[6].on_error", "must be fail, continue, compensate or retry:N") in found
-    assert ("steps[7]", "a step needs exactly one of 'tool' or 'compute'") in found
+    assert ("steps[7]", "a step needs exactly one of 'tool', 'compute' or 'use'") in found
     assert ("inputs[1]", "default 'other' is invalid: must be one of ['a', 'b']") in found
     assert {"inputs[0].pattern", "inputs[2].type"} <= paths
     assert ("steps[4].tool", "unknown tool 'nope'") in found
@@ -313,7 +313,7 @@ def test_model_and_graph_problems_are_reported_together() -> None:
         Problem("steps[3].id", "duplicate id 'a' (first at steps[0])"),
         Problem("steps[4].depend_on", "unknown key (not part of the composition language)"),
         Problem("steps[5].on_error", "must be fail, continue, compensate or retry:N"),
-        Problem("steps[6]", "a step needs exactly one of 'tool' or 'compute'"),
+        Problem("steps[6]", "a step needs exactly one of 'tool', 'compute' or 'use'"),
     ]
 
 

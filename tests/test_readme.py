@@ -111,3 +111,19 @@ def test_own_tools_via_saga_toml_and_the_python_api(workdir: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("completed {'snapshot': 'snap-api', 'replicas': 2}")
     assert "RunCompleted" in out.stdout
+
+
+def test_the_loop_and_layer_examples(workdir: Path) -> None:
+    ran = sh(["run", "batch.yaml", "--json"], workdir)
+    assert ran.returncode == 0, ran.stderr
+    result = json.loads(ran.stdout)
+    assert result["steps"]["create"]["output"] == [
+        {"created": "ada", "index": 0}, {"created": "grace", "index": 1},
+        {"created": "linus", "index": 2}]
+    assert result["steps"]["report"]["output"] == {"count": 3}
+    gate = json.loads(sh(["run", "gate.yaml", "--json"], workdir).stdout)
+    assert gate["status"] == "completed"
+    assert gate["outputs"]["_layers"]["degraded"] is True
+    eco = json.loads(sh(["run", "gate.yaml", "--mode", "eco", "--json"], workdir).stdout)
+    assert eco["steps"]["docs"]["reason"] == "eco mode"
+    assert sh(["graph", "gate.yaml"], workdir).stdout.startswith("flowchart TD")
