@@ -511,33 +511,22 @@ def _event_detail(e: dict[str, Any]) -> str:
     return " ".join(str(x) for x in parts)
 
 
-def _decide(run_id: str, step_id: str, approved: bool, comment: str | None,
-            actor: str | None) -> None:
-    run = _saga().decide(run_id, step_id, approved, actor=actor, comment=comment)
-    verb = "approved" if approved else "rejected"
-    click.echo(f"{step_id} {verb} on run {run.run_id}; continue it with: saga resume {run.run_id}")
+def _decision_command(name: str, approved: bool, doc: str) -> None:
+    @main.command(name=name, help=doc)
+    @click.argument("run_id")
+    @click.argument("step_id")
+    @click.option("--comment", help="Recorded with the decision.")
+    @click.option("--actor", help="Who decides (default: SAGA_ACTOR or the OS user).")
+    @_handle_errors
+    def command(run_id: str, step_id: str, comment: str | None, actor: str | None) -> None:
+        run = _saga().decide(run_id, step_id, approved, actor=actor, comment=comment)
+        click.echo(f"{step_id} {name}d on run {run.run_id}; continue it with: "
+                   f"saga resume {run.run_id}")
 
 
-@main.command()
-@click.argument("run_id")
-@click.argument("step_id")
-@click.option("--comment")
-@click.option("--actor")
-@_handle_errors
-def approve(run_id: str, step_id: str, comment: str | None, actor: str | None) -> None:
-    """Approve a step that waits for confirmation."""
-    _decide(run_id, step_id, True, comment, actor)
-
-
-@main.command()
-@click.argument("run_id")
-@click.argument("step_id")
-@click.option("--comment")
-@click.option("--actor")
-@_handle_errors
-def reject(run_id: str, step_id: str, comment: str | None, actor: str | None) -> None:
-    """Reject a step that waits for confirmation (it fails and follows its on_error)."""
-    _decide(run_id, step_id, False, comment, actor)
+_decision_command("approve", True, "Approve a step that waits for confirmation.")
+_decision_command("reject", False, "Reject a step that waits for confirmation (it fails and "
+                                   "follows its on_error).")
 
 
 @main.command()
