@@ -120,21 +120,23 @@ def _parse_inputs(pairs: tuple[str, ...], inputs_file: str | None,
     return given
 
 
-@main.command()
-@click.argument("file", type=click.Path(dir_okay=False))
-@click.option("--input", "-i", "pairs", multiple=True, metavar="KEY=VALUE",
-              help="An input value (repeatable); typed by the input's declared type.")
-@click.option("--inputs-file", type=click.Path(dir_okay=False), help="Inputs as JSON/YAML.")
-@click.option("--actor", help="Who is running this (default: SAGA_ACTOR or the OS user).")
-@mode_option
-@click.option("--dry-run", is_flag=True, help="Show the plan and parameters; run nothing.")
-@tools_option
-@json_option
-@_handle_errors
-def run(file: str, pairs: tuple[str, ...], inputs_file: str | None, actor: str | None,
-        mode: str, dry_run: bool, tools: tuple[str, ...], as_json: bool) -> None:
-    """Start a run of FILE and drive it here until it finishes (or waits for approval)."""
-    saga = _saga(tools)
+def _run_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The options every command that starts a run shares."""
+    for option in reversed([
+        click.option("--input", "-i", "pairs", multiple=True, metavar="KEY=VALUE",
+                     help="An input value (repeatable); typed by the input's declared type."),
+        click.option("--inputs-file", type=click.Path(dir_okay=False),
+                     help="Inputs as JSON/YAML."),
+        click.option("--actor", help="Who is running this (default: SAGA_ACTOR or the OS user)."),
+        mode_option,
+        click.option("--dry-run", is_flag=True, help="Show the plan and parameters; run nothing."),
+        tools_option, json_option]):
+        func = option(func)
+    return func
+
+
+def _run_file(saga: Saga, file: str, pairs: tuple[str, ...], inputs_file: str | None,
+              actor: str | None, mode: str, dry_run: bool, as_json: bool) -> None:
     plan = saga.load(file)
     inputs = _parse_inputs(pairs, inputs_file, {s.name: s for s in plan.definition.inputs})
     if dry_run:
@@ -144,6 +146,102 @@ def run(file: str, pairs: tuple[str, ...], inputs_file: str | None, actor: str |
         result = saga.run(plan, inputs, actor=actor, options={"mode": mode},
                           on_events=progress.update)
     _finish(result, as_json)
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@_run_options
+@_handle_errors
+def run(file: str, pairs: tuple[str, ...], inputs_file: str | None, actor: str | None,
+        mode: str, dry_run: bool, tools: tuple[str, ...], as_json: bool) -> None:
+    """Start a run of FILE and drive it here until it finishes (or waits for approval)."""
+    _run_file(_saga(tools), file, pairs, inputs_file, actor, mode, dry_run, as_json)
+
+
+@main.group()
+def templates() -> None:
+    """Ready compositions in templates/ (and the folders in SAGA_TEMPLATES)."""
+
+
+@templates.command(name="list")
+@json_option
+@_handle_errors
+def templates_list(as_json: bool) -> None:
+    """The templates, with their success rate and mean duration from past runs."""
+    from saga.templates import list_templates, templates_stats
+
+    saga = _saga()
+    infos = list_templates(saga.settings)
+    try:
+        stats = templates_stats(saga, infos)
+    except SagaError:
+        stats = {}
+    if as_json:
+        _emit_json([info.to_json() | {"stats": stats.get(info.name)} for info in infos])
+        return
+    click.echo(f"{'NAME':<28} {'CATEGORY':<12} {'RUNS':>4} {'SUCCESS':>7} {'MEAN':>7}  "
+               "DESCRIPTION")
+    for info in infos:
+        st = stats.get(info.name) or {}
+        rate, mean = st.get("success_rate"), st.get("mean_duration_ms")
+        click.echo(f"{info.name:<28} {info.category or '':<12} {st.get('runs', 0):>4} "
+                   f"{'-' if rate is None else f'{rate:.0%}':>7} {_duration(mean):>7}  "
+                   f"{(info.title or info.description or '')[:60]}")
+
+
+def _duration(ms: float | None) -> str:
+    if ms is None:
+        return "-"
+    return f"{ms / 1000:.1f}s" if ms >= 1000 else f"{ms:.0f}ms"
+
+
+@templates.command(name="show")
+@click.argument("name")
+@json_option
+@_handle_errors
+def templates_show(name: str, as_json: bool) -> None:
+    """A template's description, inputs, needed configuration and statistics."""
+    from saga.templates import find_template, read_template, template_stats
+
+    saga = _saga()
+    info = read_template(find_template(name, saga.settings))
+    stats = template_stats(saga, name)
+    if as_json:
+        _emit_json(info.to_json() | {"stats": stats})
+        return
+    click.echo(f"{info.name}: {info.title or info.definition_name}  ({info.path})")
+    click.echo(f"category: {info.category}   tags: {', '.join(info.tags or [])}")
+    click.echo(f"tools: {', '.join(info.required_tools or [])}")
+    if info.description:
+        click.echo("\n" + info.description.strip())
+    if info.inputs:
+        click.echo("\ninputs:")
+        for spec in info.inputs:
+            required = "required" if spec.get("required") else f"default {spec.get('default')!r}"
+            click.echo(f"  {spec['name']:<18} {spec.get('type', 'string'):<8} {required:<22} "
+                       f"{spec.get('description', '')}")
+    if info.config:
+        click.echo("\nneeds in saga.toml:\n" + str(info.config).rstrip())
+    if info.example:
+        click.echo("\nexample: " + str(info.example).strip())
+    rate = stats.get("success_rate")
+    click.echo(f"\nruns: {stats.get('runs', 0)}, success "
+               f"{'-' if rate is None else f'{rate:.0%}'}, mean "
+               f"{_duration(stats.get('mean_duration_ms'))}")
+
+
+@templates.command(name="run")
+@click.argument("name")
+@_run_options
+@_handle_errors
+def templates_run(name: str, pairs: tuple[str, ...], inputs_file: str | None, actor: str | None,
+                  mode: str, dry_run: bool, tools: tuple[str, ...], as_json: bool) -> None:
+    """Run the template NAME here, like saga run."""
+    from saga.templates import find_template
+
+    saga = _saga(tools)
+    path = find_template(name, saga.settings)
+    _run_file(saga, str(path), pairs, inputs_file, actor, mode, dry_run, as_json)
 
 
 @main.command()
