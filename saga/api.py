@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from saga import expressions, nesting, replay
+from saga import expressions, nesting, replay, secrets
 from saga.application import SagaApplication, open_app
 from saga.audit import REDACTED
 from saga.cache import ToolCache
@@ -146,7 +146,12 @@ class Saga:
         resolved = resolve_inputs(plan.definition, dict(inputs or {}))
         context = {"actor": actor or self.settings.actor, "labels": dict(labels or {}),
                    "mode": (options or {}).get("mode", "normal")}
-        return self.app.start(plan, resolved, context, dict(options or {}))
+        hidden = {spec.name: str(resolved[spec.name]) for spec in plan.definition.inputs
+                  if spec.secret and resolved.get(spec.name) is not None}
+        recorded = {k: secrets.marker(k) if k in hidden else v for k, v in resolved.items()}
+        run = self.app.start(plan, recorded, context, dict(options or {}))
+        secrets.remember(run.run_id, hidden)
+        return run
 
     def dry_run(self, plan: Plan | str | Path,
                 inputs: Mapping[str, Any] | None = None) -> dict[str, Any]:

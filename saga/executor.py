@@ -13,6 +13,7 @@ import asyncio
 import inspect
 import json
 import logging
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +23,7 @@ from typing import Any, Protocol
 
 import tenacity
 
-from saga import expressions, nesting, scheduler
+from saga import expressions, nesting, scheduler, secrets
 from saga.application import SagaApplication
 from saga.cache import ToolCache
 from saga.definition import RetryPolicy, Step
@@ -423,9 +424,30 @@ class _Drive:
             logger=logging.getLogger(f"saga.tool.{name}"),
         )
         params = parameters if isinstance(parameters, dict) else {"value": parameters}
+        recorded = own_output[0] if own_output is not None else None
+        values = secrets.lookup(run_id, secrets.names_in(params) | secrets.names_in(recorded))
+        params = secrets.reveal(params, values)
+        if own_output is not None:
+            func = _bind_output(tool.compensate, secrets.reveal(recorded, values))
+        else:
+            problems = tool.check_parameters(params)
+            if problems:  # rendered values can break a schema that templates passed
+                raise ToolError("invalid parameters: " + "; ".join(problems),
+                                error_type="InvalidParameters", retryable=False)
         is_async = inspect.iscoroutinefunction(func)
         call = func(params, ctx) if is_async else self._in_thread(func, params, ctx)
-        return await asyncio.wait_for(call, timeout) if timeout else await call
+        try:
+            result = await asyncio.wait_for(call, timeout) if timeout else await call
+        except (ToolError, TimeoutError):
+            if not values:
+                raise
+            raise _concealed(sys.exc_info()[1], values) from None
+        except Exception as e:
+            if not values:
+                raise
+            raise ToolError(secrets.conceal(str(e), values), error_type=type(e).__name__) \
+                from None
+        return secrets.conceal(result, values)
 
     async def _in_thread(self, func: Callable[..., Any], *args: Any) -> Any:
         loop = asyncio.get_running_loop()
@@ -444,6 +466,14 @@ def plan_for(run: Run) -> Plan:
             _PLANS.clear()
         plan = _PLANS[run.definition_hash] = compile_any(run.definition)
     return plan
+
+
+def _concealed(error: BaseException | None, values: dict[str, str]) -> BaseException:
+    """The same failure, with any secret value in its message replaced by its marker."""
+    if isinstance(error, ToolError):
+        return ToolError(secrets.conceal(error.message, values), error_type=error.error_type,
+                         retryable=error.retryable)
+    return error or ToolError("failed")
 
 
 def _bind_output(compensate: Callable[..., Any], output: Any) -> Callable[..., Any]:

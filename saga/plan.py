@@ -24,7 +24,7 @@ from saga.definition import Definition, Step, build
 from saga.errors import DefinitionError, ExpressionError, Problem
 
 #: Names every expression may use besides step outputs.
-BASE_NAMES = frozenset({"inputs", "input", "context", "steps"})
+BASE_NAMES = frozenset({"inputs", "input", "context", "steps", "secret"})
 #: Extra names visible in a compensation's parameters.
 COMPENSATION_NAMES = frozenset({"output", "parameters", "error"})
 _STEPS_REF = re.compile(r"steps\s*(?:\.\s*([A-Za-z_][\w\-]*)|\[\s*['\"]([^'\"]+)['\"]\s*\])")

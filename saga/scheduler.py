@@ -17,6 +17,7 @@ from saga.domain import Run, idempotency_key, step_key
 from saga.errors import ExpressionError
 from saga.nesting import child_run_id
 from saga.plan import Plan
+from saga.secrets import SecretNames
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,8 @@ def namespace(plan: Plan, run: Run) -> dict[str, Any]:
     for step in plan.definition.steps:
         names[step.id] = outputs[step.id]
         names[step.key] = outputs[step.id]
-    names.update(inputs=run.inputs, input=run.inputs, context=run.context, steps=outputs)
+    names.update(inputs=run.inputs, input=run.inputs, context=run.context, steps=outputs,
+                 secret=SecretNames())
     return names
 
 

@@ -641,3 +641,45 @@ def test_auto_heal_is_bounded(saga: Saga) -> None:
     assert [c["tool"] for c in standins.CALLS] == ["act", "vpn_connect", "act", "vpn_connect",
                                                   "act"]
     assert len([e for e in saga.history(run.run_id) if e["type"] == "HealStarted"]) == 2
+
+
+# -- secrets -------------------------------------------------------------------------------
+
+def test_secrets_reach_tools_but_never_the_log(saga: Saga, monkeypatch: pytest.MonkeyPatch
+                                               ) -> None:
+    monkeypatch.setenv("API_TOKEN", "s3cr3t-t0ken")
+    plan = saga.load({"name": "secretive",
+                      "inputs": [{"name": "password", "secret": True}, {"name": "user"}],
+                      "steps": [
+                          {"id": "call", "tool": "effect",
+                           "args": {"value": "Bearer {{ secret.API_TOKEN }}",
+                                    "pw": "{{ inputs.password }}"}},
+                          {"id": "oops", "tool": "fail",
+                           "args": {"message": "login failed for {{ inputs.password }}"}}]})
+    run = saga.run(plan, {"password": "hunter2", "user": "ada"})
+    sent = calls("effect")[0]["params"]
+    assert sent == {"value": "Bearer s3cr3t-t0ken", "pw": "hunter2"}
+    log = json.dumps(saga.history(run.run_id))
+    assert "s3cr3t-t0ken" not in log and "hunter2" not in log
+    assert run.inputs == {"password": "«secret:password»", "user": "ada"}
+    assert run.steps["call"]["output"] == {"step": "call", "value": "Bearer «secret:API_TOKEN»"}
+    assert run.steps["oops"]["error"]["message"] == "login failed for «secret:password»"
+
+
+def test_a_missing_secret_fails_the_step_clearly(saga: Saga) -> None:
+    run = saga.run(saga.load(chain({"id": "a", "tool": "echo",
+                                    "args": {"t": "{{ secret.NOT_SET_ANYWHERE_42 }}"}})))
+    assert run.status == "failed"
+    assert run.steps["a"]["error"]["type"] == "SecretMissing"
+    assert "NOT_SET_ANYWHERE_42" in run.steps["a"]["error"]["message"]
+
+
+def test_rendered_parameters_are_checked_against_the_tool_schema(saga: Saga,
+                                                                 tmp_path: Path) -> None:
+    plan = saga.load(chain({"id": "w", "tool": "file",
+                            "args": {"action": "{{ inputs.action }}",
+                                     "path": str(tmp_path / "x.txt"), "content": "hi"}}))
+    run = saga.run(plan, {"action": "explode"})
+    assert run.status == "failed"
+    assert run.steps["w"]["error"]["type"] == "InvalidParameters"
+    assert not (tmp_path / "x.txt").exists()

@@ -1,0 +1,96 @@
+"""Secrets never enter the log.
+
+A template reads a secret as ``{{ secret.NAME }}``; an input declared ``secret: true`` is
+one too. What the scheduler renders, and so what ``StepStarted`` records, is a marker
+(``«secret:NAME»``), never the value. The executor swaps markers for values just before a
+tool is called, and swaps any value a tool echoes back for its marker again before the
+output or error is recorded. Values come from this process (secret inputs given to the
+run that started here) or from the environment: ``NAME``, then ``SAGA_SECRET_NAME``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from saga.errors import ToolError
+
+_MARK = re.compile(r"«secret:([A-Za-z_][A-Za-z0-9_]*)»")
+
+
+def marker(name: str) -> str:
+    """The text that stands for a secret in everything recorded."""
+    return f"«secret:{name}»"
+
+
+class SecretNames(dict[str, str]):
+    """The ``secret`` name templates see: any attribute is that secret's marker."""
+
+    def __missing__(self, key: str) -> str:
+        return marker(key)
+
+
+#: Values of secret inputs of runs started in this process, by run id (never stored).
+_PROCESS: dict[str, dict[str, str]] = {}
+
+
+def remember(run_id: str, values: Mapping[str, str]) -> None:
+    """Keep a run's secret input values in this process only."""
+    if values:
+        _PROCESS.setdefault(run_id, {}).update(values)
+
+
+def names_in(value: Any) -> set[str]:
+    """The secrets a (rendered) value refers to."""
+    if isinstance(value, str):
+        return set(_MARK.findall(value))
+    if isinstance(value, dict):
+        return set().union(*(names_in(k) | names_in(v) for k, v in value.items()))
+    if isinstance(value, list | tuple):
+        return set().union(*(names_in(v) for v in value))
+    return set()
+
+
+def lookup(run_id: str, names: set[str], env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The values of these secrets, or a ToolError naming the first one that is missing."""
+    env = os.environ if env is None else env
+    found = {}
+    for name in sorted(names):
+        value = _PROCESS.get(run_id, {}).get(name, env.get(name, env.get(f"SAGA_SECRET_{name}")))
+        if value is None:
+            raise ToolError(f"secret {name!r} is not available: set {name} or "
+                            f"SAGA_SECRET_{name} in the environment", error_type="SecretMissing",
+                            retryable=False)
+        found[name] = value
+    return found
+
+
+def reveal(value: Any, values: Mapping[str, str]) -> Any:
+    """Replace markers by secret values (just before a call)."""
+    if not values:
+        return value
+    if isinstance(value, str):
+        return _MARK.sub(lambda m: values.get(m.group(1), m.group(0)), value)
+    if isinstance(value, dict):
+        return {reveal(k, values): reveal(v, values) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [reveal(v, values) for v in value]
+    return value
+
+
+def conceal(value: Any, values: Mapping[str, str]) -> Any:
+    """Replace every occurrence of a secret value by its marker (before recording)."""
+    if not values:
+        return value
+    if isinstance(value, str):
+        for name, secret in sorted(values.items(), key=lambda kv: -len(kv[1])):
+            if secret:
+                value = value.replace(secret, marker(name))
+        return value
+    if isinstance(value, dict):
+        return {conceal(k, values): conceal(v, values) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [conceal(v, values) for v in value]
+    return value
