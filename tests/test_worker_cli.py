@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -95,3 +96,23 @@ steps:
                                                  "RunCancelled"]
     assert history[-1]["payload"]["actor"] == "ops"
     assert saga(["replay", run_id, "--verify"], tmp_path).returncode == 0
+
+
+def test_run_shows_live_progress_on_a_terminal(tmp_path: Path) -> None:
+    import shlex
+    import shutil
+
+    script = shutil.which("script")
+    assert script, "util-linux 'script' provides the pseudo-terminal for this test"
+    slow = tmp_path / "slow.yaml"
+    slow.write_text("name: slow\nsteps:\n  - {id: a, tool: sleep, args: {seconds: 0.4}}\n"
+                    "  - {id: b, tool: sleep, args: {seconds: 0.4}}\n")
+    command = shlex.join([sys.executable, "-m", "saga.cli", "run", str(slow)])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAGA_")}
+    env |= {"SAGA_HOME": str(tmp_path / ".saga"), "TERM": "xterm"}
+    out = subprocess.run([script, "-qec", command, "/dev/null"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout
+    frames = out.stdout.replace("\r", "\n")
+    assert "slow — running" in frames  # the live table, redrawn while steps run
+    assert re.search(r"run \S+ \(slow\): \S*completed", frames)  # then the summary
