@@ -22,7 +22,7 @@ from saga import audit as audit_log
 from saga.api import Saga, run_summary
 from saga.config import load_settings
 from saga.definition import coerce_text, parse_text
-from saga.domain import Run
+from saga.domain import RUN_STATUSES, Run
 from saga.errors import DefinitionError, InputError, Problem, SagaError
 
 _STATUS_STYLE = {"completed": "green", "running": "cyan", "failed": "red", "skipped": "dim",
@@ -423,6 +423,44 @@ def audit_verify(run_ids: tuple[str, ...], all_runs: bool, file: str | None, hea
 def export(run_id: str, fmt: str) -> None:
     """Print a run's complete, verifiable history (check it with saga audit verify --file)."""
     click.echo(audit_log.export_run(load_settings(), run_id, fmt), nl=False)
+
+
+@main.command(name="report")
+@click.option("--since", metavar="DATE", help="Runs started at or after this date or ISO time "
+              "(UTC when no offset is given).")
+@click.option("--until", metavar="DATE", help="Runs started before this date or ISO time.")
+@click.option("--definition", metavar="NAME", help="Only runs of this composition.")
+@click.option("--actor", metavar="A", help="Only runs this person started or acted on.")
+@click.option("--status", "status_filter", type=click.Choice(RUN_STATUSES),
+              help="Only runs with this status.")
+@click.option("--format", "fmt", type=click.Choice(["md", "csv", "json", "html"]), default="md",
+              show_default=True, help="md and html for people, json for everything, csv one "
+                                      "row per run.")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True),
+              help="Write the report to FILE instead of standard output.")
+@_handle_errors
+def report_command(since: str | None, until: str | None, definition: str | None,
+                   actor: str | None, status_filter: str | None, fmt: str,
+                   output: str | None) -> None:
+    """A compliance report: outcomes, failures, compensations, durations, who did what, and
+    whether each run's audit chain verifies."""
+    from saga.report import build_report, parse_moment, render
+
+    for name, value in (("--since", since), ("--until", until)):
+        try:  # checked here so a bad bound is a usage error (exit 2), not a failure
+            parse_moment(value, name)
+        except ValueError as e:
+            raise click.UsageError(str(e)) from None
+    with _saga() as saga:
+        built = build_report(saga, since=since, until=until, definition=definition,
+                             actor=actor, status=status_filter)
+    text = render(built, fmt)
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    # newline="": the csv module already wrote its own line ends.
+    Path(output).write_text(text, encoding="utf-8", newline="")
+    click.echo(f"wrote {output} ({built.summary['runs']} runs)", err=True)
 
 
 @main.group()

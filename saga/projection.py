@@ -60,7 +60,7 @@ _RUN_TOPICS = frozenset({
     "saga.StepSkipped", "saga.ApprovalRequested", "saga.ApprovalGranted",
     "saga.ApprovalRejected", "saga.CompensationStarted", "saga.StepCompensated",
     "saga.CompensationFailed", "saga.RunCompleted", "saga.RunFailed", "saga.RunCompensated",
-    "saga.RunCancelled"})
+    "saga.RunCancelled", "saga.RunRetried"})
 _DECISIONS = frozenset({"saga.ApprovalGranted", "saga.ApprovalRejected"})
 Row = dict[str, Any]
 StepKey = tuple[str, str, int]  # (run_id, step_id, iteration)
@@ -163,6 +163,10 @@ class _Fold:
                 status = "failed" if topic == "saga.RunFailed" else "compensated"
                 self._finish(run, status, ts, e.error)
                 run["failed_step"] = e.failed_step
+            case "saga.RunRetried":
+                # The run is live again: its last outcome no longer describes it.
+                run.update(status="running", finished_at=None, duration_ms=None,
+                           failed_step=None, error=None)
             case "saga.RunCancelled":
                 self._finish(run, "cancelled", ts,
                              {"type": "cancelled", "message": e.reason or "cancelled"})

@@ -84,3 +84,25 @@ def test_retention_removes_payloads_and_keeps_the_chain(tmp_path: Path) -> None:
     assert [r["run_id"] for r in json.loads(out)] == [run_id]
     code, out = cli(["compensate", run_id], home)
     assert code == 2 and "redacted" in out
+
+
+def test_report_in_every_format(tmp_path: Path) -> None:
+    from saga.report import CSV_COLUMNS
+
+    home = tmp_path / ".saga"
+    cli(["run", TEMPLATE], home, SAGA_ACTOR="ana")
+    cli(["run", TEMPLATE, "-i", "fail_at=ship"], home, SAGA_ACTOR="ben")
+    code, out = cli(["report", "--format", "json"], home)
+    assert code == 0, out
+    report = json.loads(out)
+    assert report["totals"]["completed"] == 1 and report["totals"]["compensated"] == 1
+    assert report["summary"]["runs"] == 2 and report["summary"]["failures"] == 1
+    code, out = cli(["report", "--format", "csv", "--status", "compensated"], home)
+    assert code == 0
+    assert out.splitlines()[0] == ",".join(CSV_COLUMNS) and len(out.splitlines()) == 2
+    code, out = cli(["report", "--actor", "ben"], home)
+    assert code == 0 and out.startswith("#") and "ben" in out and "ana" not in out
+    code, out = cli(["report", "--format", "html", "-o", str(tmp_path / "r.html")], home)
+    assert code == 0 and (tmp_path / "r.html").read_text().lstrip().startswith("<!DOCTYPE html>")
+    code, out = cli(["report", "--since", "yesterday"], home)
+    assert code == 2
