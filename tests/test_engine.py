@@ -683,3 +683,16 @@ def test_rendered_parameters_are_checked_against_the_tool_schema(saga: Saga,
     assert run.status == "failed"
     assert run.steps["w"]["error"]["type"] == "InvalidParameters"
     assert not (tmp_path / "x.txt").exists()
+
+
+def test_parallel_groups_run_together_in_list_order_mode(saga: Saga) -> None:
+    plan = saga.load({"name": "groups", "steps": [
+        {"id": "a", "tool": "block", "args": {"seconds": 0.3}, "parallel_group": 1},
+        {"id": "b", "tool": "block", "args": {"seconds": 0.3}, "parallel_group": 1},
+        {"id": "c", "tool": "effect", "args": {"value": "{{ a.step }}{{ b.step }}"}}]})
+    assert plan.levels() == [["a", "b"], ["c"]]
+    run = saga.run(plan)
+    assert run.status == "completed"
+    (a, b) = sorted((c["start"], c["end"]) for c in calls("block"))
+    assert b[0] < a[1]  # a and b overlapped
+    assert run.steps["c"]["output"]["value"] == "ab"
