@@ -116,3 +116,16 @@ def test_run_shows_live_progress_on_a_terminal(tmp_path: Path) -> None:
     frames = out.stdout.replace("\r", "\n")
     assert "slow — running" in frames  # the live table, redrawn while steps run
     assert re.search(r"run \S+ \(slow\): \S*completed", frames)  # then the summary
+
+
+def test_a_run_keeps_the_definition_it_was_submitted_with(tmp_path: Path) -> None:
+    flow = tmp_path / "flow.yaml"
+    flow.write_text("name: pinned\nsteps:\n  - {id: a, tool: echo, args: {version: 1}}\n")
+    run_id = json.loads(saga(["submit", str(flow), "--json"], tmp_path).stdout)["run_id"]
+    flow.write_text("name: pinned\nsteps:\n  - {id: a, tool: echo, args: {version: 2}}\n"
+                    "  - {id: b, tool: fail, args: {message: edited}}\n")
+    assert saga(["worker", "--until-idle", "--poll", "0.05"], tmp_path).returncode == 0
+    status = json.loads(saga(["status", run_id, "--json"], tmp_path).stdout)
+    assert status["status"] == "completed"
+    assert status["steps"] == {"a": status["steps"]["a"]}
+    assert status["steps"]["a"]["output"] == {"version": 1}
