@@ -146,7 +146,8 @@ def test_engine_restores_files_when_a_later_step_fails(tmp_path: Path,
             {"id": "edit", "tool": "file", "compensate": True,
              "args": {"action": "write", "path": str(config), "content": "version=2\n"}},
             {"id": "mark", "tool": "file", "compensate": True,
-             "args": {"action": "write", "path": str(created), "content": "{{ edit.bytes }}"}},
+             "args": {"action": "write", "path": str(created),
+                      "content": "{{ edit.bytes | string }}"}},
             FAIL)))
     assert run.status == "compensated"
     assert run.steps["mark"]["output"]["bytes"] == 2
