@@ -127,3 +127,15 @@ def test_the_loop_and_layer_examples(workdir: Path) -> None:
     eco = json.loads(sh(["run", "gate.yaml", "--mode", "eco", "--json"], workdir).stdout)
     assert eco["steps"]["docs"]["reason"] == "eco mode"
     assert sh(["graph", "gate.yaml"], workdir).stdout.startswith("flowchart TD")
+
+
+def test_the_graph_form_example(tmp_path: Path) -> None:
+    tools = ["--tools", "tests.tools.standins", "--tools", "tests.tools.graph_standins"]
+    env = {"SAGA_HOME": str(tmp_path / ".saga")}
+    validated = sh(["validate", "tests/seeds/004_parallel_review.yaml", *tools], ROOT, **env)
+    assert validated.returncode == 0, validated.stderr
+    assert "level 3: lint, test, security" in validated.stdout
+    ran = sh(["run", "tests/seeds/004_debug_loop.yaml", *tools, "--input",
+              "input=login fails", "--json"], ROOT, **env)
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout)["status"] == "completed"
