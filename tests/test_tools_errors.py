@@ -14,7 +14,6 @@ from tests.test_tools_common import chain, engine
 from tests.test_tools_http import Server, server  # noqa: F401 - the fixture
 
 
-
 def written(tmp_path: Path) -> dict[str, Any]:
     """A first step that writes a file and restores it on rollback."""
     return {"id": "note", "tool": "file", "compensate": True,
