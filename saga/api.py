@@ -39,7 +39,7 @@ from saga.plan import Plan, compile_any
 from saga.projection import Projection
 from saga.recovery import Leases, Worker, default_worker_id, wait_for_lease
 from saga.replay import Divergence
-from saga.scheduler import compensation_order
+from saga.scheduler import compensation_order, is_loop_parent
 from saga.tools import Registry, load_registry
 
 log = logging.getLogger("saga")
@@ -225,7 +225,9 @@ class Saga:
                                     "steps were not compensated can be retried")
             keys = [k for k, s in run.steps.items() if s["status"] == "failed"
                     or (s["status"] == "skipped" and "upstream" in (s.get("reason") or ""))]
-            run.retry(actor or self.settings.actor, keys)
+            plan = self.executor_plan(run)
+            loops = [k for k in keys if is_loop_parent(plan, run.steps[k])]
+            run.retry(actor or self.settings.actor, [k for k in keys if k not in loops], loops)
         return self._command(run_id, record, on_events)
 
     def compensate(self, run_id: str, *, actor: str | None = None, reason: str | None = None,
@@ -316,9 +318,12 @@ class Saga:
         run = self.get(run_id)
         summary = run_summary(run)
         children = []
+        plan = self.executor_plan(run)
         for key, step in summary.get("steps", {}).items():
-            if key in run.steps and run.steps[key]["iteration"] == 0 \
-                    and "[" not in key and self.executor_plan(run).step(key).iterates:
+            state = run.steps.get(key)
+            if state is None or plan.step(state["step_id"]).use is None:
+                continue  # only nested compositions have child runs
+            if state["iteration"] == 0 and plan.step(state["step_id"]).iterates:
                 continue  # a loop's own entry repeats its last iteration's child
             output = step.get("output")
             child = output.get("run_id") if isinstance(output, dict) else None

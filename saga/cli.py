@@ -578,7 +578,7 @@ def _finish(run: Run, as_json: bool, success: tuple[str, ...] = ("completed", "w
         _emit_json(summary)
     else:
         _print_summary(summary)
-    sys.exit(0 if run.status in success or not run.is_finished else 1)
+    sys.exit(0 if run.status in success else 1)
 
 
 @main.command()

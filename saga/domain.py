@@ -147,9 +147,12 @@ class Run(Aggregate):
         """Trigger an event as the next link of the run's chain."""
         # Defaults are spelled out so the payload hash covers exactly what is stored.
         for f in dataclasses.fields(event_class):
-            if f.name not in kwargs and f.default is not dataclasses.MISSING \
-                    and f.name not in CHAIN_FIELDS and f.name not in _ENVELOPE:
+            if f.name in kwargs or f.name in CHAIN_FIELDS or f.name in _ENVELOPE:
+                continue
+            if f.default is not dataclasses.MISSING:
                 kwargs[f.name] = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                kwargs[f.name] = f.default_factory()
         timestamp = event_class.create_timestamp()
         actor = kwargs.pop("actor", None) or self.actor
         chain = _chain(event_class, self.version + 1, timestamp, actor, kwargs, self.head_hash)
@@ -403,8 +406,12 @@ class Run(Aggregate):
         TOPIC = "saga.RunRetried"
         actor: str
         steps: list[str]
+        reopened: list[str] = dataclasses.field(default_factory=list)
 
         def apply(self, aggregate: Any) -> None:
+            for key in self.reopened:  # a loop step whose failed iterations get retried
+                aggregate.steps[key].update(status="running", error=None, retry_at=None,
+                                            finished_at=None)
             for key in self.steps:
                 s = aggregate.steps[key]
                 if s["status"] == "failed":
@@ -533,9 +540,11 @@ class Run(Aggregate):
         self.trigger_event(self.CompensationStarted, reason=reason, steps=steps, actor=actor,
                            requested=actor is not None, cancel=cancel)
 
-    def retry(self, actor: str, steps: list[str]) -> None:
-        """Record a redrive of the given failed (and upstream-skipped) steps."""
-        self.trigger_event(self.RunRetried, actor=actor, steps=steps)
+    def retry(self, actor: str, steps: list[str], reopened: list[str] | None = None) -> None:
+        """Record a redrive of the given failed (and upstream-skipped) steps, reopening the
+        loop steps whose iterations those are."""
+        self.trigger_event(self.RunRetried, actor=actor, steps=steps,
+                           reopened=list(reopened or []))
 
     def compensated(self, step_id: str, iteration: int, output: Any) -> None:
         """Record a successful compensation."""

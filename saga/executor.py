@@ -367,8 +367,13 @@ class _Drive:
         return Outcome("remedy", action.step_id, action.iteration, action.index, output=output,
                        duration_ms=_ms(started))
 
+    def _cacheable(self, step: Step, action: StartStep) -> bool:
+        # A call with secrets is never cached: its key would not see the values.
+        return (step.cache is not None and self.x.cache is not None and step.tool is not None
+                and not secrets.names_in(action.parameters))
+
     def _cached(self, step: Step, action: StartStep) -> dict[str, Any] | None:
-        if step.cache is None or self.x.cache is None or step.tool is None:
+        if not self._cacheable(step, action):
             return None
         hit = self.x.cache.get(step.tool, action.parameters)
         if hit is not None:
@@ -376,7 +381,8 @@ class _Drive:
         return hit
 
     def _remember(self, step: Step, action: StartStep, output: Any) -> None:
-        if step.cache is not None and self.x.cache is not None and step.tool is not None:
+        if self._cacheable(step, action):
+            assert self.x.cache is not None and step.tool is not None and step.cache
             self.x.cache.put(step.tool, action.parameters, output, self.run.run_id,
                              action.step_id, step.cache)
 
@@ -432,7 +438,8 @@ class _Drive:
         else:
             problems = tool.check_parameters(params)
             if problems:  # rendered values can break a schema that templates passed
-                raise ToolError("invalid parameters: " + "; ".join(problems),
+                message = "invalid parameters: " + "; ".join(problems)
+                raise ToolError(secrets.conceal(message, values),
                                 error_type="InvalidParameters", retryable=False)
         is_async = inspect.iscoroutinefunction(func)
         call = func(params, ctx) if is_async else self._in_thread(func, params, ctx)

@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from saga import secrets
 from saga.definition import load_file, resolve_inputs
 from saga.errors import DefinitionError, Problem, RunNotFoundError, ToolError
 
@@ -82,6 +83,7 @@ async def run_child(executor: Any, parent: Run, step_id: str, iteration: int,
                    "parent": {"run_id": parent.run_id, "step_id": step_id,
                               "iteration": iteration}}
         child = app.start(plan, inputs, context, {}, run_id=child_id)
+    secrets.share(parent.run_id, child_id)
     if not child.is_finished:
         child = await executor.drive_async(child)
     if child.status == "completed":

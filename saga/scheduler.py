@@ -169,7 +169,10 @@ def decide(plan: Plan, run: Run) -> list[Action]:
     blocking = _blocking_failure(view)
     strategy = plan.definition.error_handling.failure_strategy
     if blocking is not None and strategy != "partial_success":
-        return [] if _busy(view) else _after_failure(view, blocking)
+        if _busy(view):  # nothing new starts; attempts in flight (and due retries) finish
+            return [_retry(plan.step(s["step_id"]), s["iteration"], s)
+                    for s in run.steps.values() if _retry_pending(s)]
+        return _after_failure(view, blocking)
     actions = _step_actions(view)
     if actions or _busy(view) or run.pending_approvals:
         return actions
@@ -187,8 +190,10 @@ def _retry_pending(state: dict[str, Any]) -> bool:
 
 
 def _busy(view: _View) -> bool:
-    """A step is running, or a failed attempt waits for its retry."""
-    return any(s["status"] == "running" or _retry_pending(s) for s in view.run.steps.values())
+    """An attempt is running, or a failed attempt waits for its retry (a loop step itself
+    is not work in flight: its iterations are)."""
+    return any((s["status"] == "running" or _retry_pending(s))
+               and not is_loop_parent(view.plan, s) for s in view.run.steps.values())
 
 
 def is_loop_parent(plan: Plan, state: dict[str, Any]) -> bool:
@@ -478,7 +483,12 @@ def compensation_order(plan: Plan, run: Run) -> list[str]:
 def _compensation(view: _View) -> list[Action]:
     comp = view.run.compensation
     assert comp is not None
-    for key in comp["steps"]:
+    # An attempt cut short after the compensation order was fixed (its driver lost the
+    # race to a cancel) may have had its effect: undo it too, after the others.
+    maybe_done = [k for k, s in view.run.steps.items() if k not in comp["steps"]
+                  and s["status"] == "failed" and (s.get("error") or {}).get("type")
+                  == "Interrupted" and view.plan.step(s["step_id"]).compensation is not None]
+    for key in [*comp["steps"], *maybe_done]:
         if key in comp["done"]:
             continue
         state = view.run.steps[key]

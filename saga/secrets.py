@@ -42,6 +42,12 @@ def remember(run_id: str, values: Mapping[str, str]) -> None:
         _PROCESS.setdefault(run_id, {}).update(values)
 
 
+def share(parent_run_id: str, child_run_id: str) -> None:
+    """Let a nested run see its parent's secret inputs (they reach it as markers)."""
+    if parent_run_id in _PROCESS:
+        _PROCESS.setdefault(child_run_id, {}).update(_PROCESS[parent_run_id])
+
+
 def names_in(value: Any) -> set[str]:
     """The secrets a (rendered) value refers to."""
     if isinstance(value, str):
