@@ -580,8 +580,3 @@ def _chain(event_class: Any, version: int, timestamp: Any, actor: str | None,
     key = Run.audit_key
     return {"actor": actor, "prev_hash": prev, "payload_hash": digest,
             "mac": sign(key, link) if key else None}
-
-
-def run_id_of(value: str | UUID) -> UUID:
-    """Parse a run id given as text."""
-    return value if isinstance(value, UUID) else UUID(str(value))

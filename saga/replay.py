@@ -70,17 +70,11 @@ def _check(plan: Plan, run: Run, event: Any) -> Divergence | None:
         return _check_failure(plan, run, event)
     if kind == "HealStarted":
         return _check_heal(plan, run, event)
-    expected = _expected(plan, run)
+    expected = scheduler.decide(plan, run)
     if any(_matches(action, kind, event) for action in expected):
         return None
     return Divergence(event.originator_version, kind, _payload(event),
                       [_describe(a) for a in expected])
-
-
-def _expected(plan: Plan, run: Run) -> list[scheduler.Action]:
-    actions: list[scheduler.Action] = list(scheduler.decide(plan, run))
-    # A compensation or retry whose call was cut short by a crash may be repeated.
-    return actions
 
 
 def _check_failure(plan: Plan, run: Run, event: Any) -> Divergence | None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from saga import expressions
 from saga.definition import Step
-from saga.domain import Run, idempotency_key, step_key
+from saga.domain import Run, step_key
 from saga.errors import ExpressionError
 from saga.nesting import child_run_id
 from saga.plan import Plan
@@ -631,8 +631,3 @@ def max_attempts(plan: Plan, step: Step) -> int:
     if (handling.failure_strategy == "retry" or step.layer == "execution") and retries == 0:
         retries = 3  # execution-layer steps retry with backoff unless told otherwise
     return retries + 1
-
-
-def step_idempotency_key(run: Run, step_id: str, iteration: int = 0) -> str:
-    """The idempotency key for a step of this run."""
-    return idempotency_key(run.run_id, step_id, iteration)
