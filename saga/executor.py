@@ -147,7 +147,7 @@ class _Drive:
         self.plan = plan
         self.lease = lease
         self.tasks: dict[asyncio.Task[Outcome], tuple[str, str, int]] = {}
-        self.timers: set[tuple[str, int]] = set()
+        self.timers: set[tuple[str, int, int]] = set()
         self.remedies: set[tuple[Any, ...]] = set()
         self.compensating: set[str] = set()
 
@@ -239,7 +239,7 @@ class _Drive:
             due = datetime.fromisoformat(action.not_before)
             delay = (due - self.x.clock()).total_seconds()
             if delay > 0:
-                marker = (action.step_id, action.attempt)
+                marker = (action.step_id, action.iteration, action.attempt)
                 if marker not in self.timers:
                     self.timers.add(marker)
                     return ("timer", (action, delay))
@@ -262,7 +262,7 @@ class _Drive:
     def _record(self, outcome: Outcome) -> None:
         run = self.run
         if outcome.kind == "timer":
-            self.timers.discard((outcome.step_id, outcome.attempt))
+            self.timers.discard((outcome.step_id, outcome.iteration, outcome.attempt))
         elif outcome.kind == "remedy":
             self.remedies.discard(("remedy", outcome.step_id, outcome.iteration, outcome.attempt))
             run.remedy_applied(outcome.step_id, outcome.iteration, outcome.attempt, outcome.ok,

@@ -16,6 +16,7 @@ import logging
 import os
 import socket
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -39,8 +40,9 @@ _CLAIM = """INSERT INTO saga_leases (run_id, worker, expires_at) VALUES (?, ?, ?
 
 
 def default_worker_id() -> str:
-    """``host:pid``, unique enough to tell workers apart in leases and events."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """``host:pid:nonce``: containers that share a host name and pid 1 still differ, so
+    two of them never both hold one lease."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
 class Leases:
