@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from collections.abc import Iterator
-from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -18,9 +17,14 @@ from eventsourcing.application import AggregateNotFoundError, Application
 from eventsourcing.persistence import IntegrityError, PersistenceError
 
 from saga.config import Settings
-from saga.database import DDL_LOCK
-from saga.domain import Run
-from saga.errors import ConcurrentWriteError, RunNotFoundError, StoreUnavailableError
+from saga.database import DDL_LOCK, connect_postgres
+from saga.domain import Run, iso
+from saga.errors import (
+    ConcurrentWriteError,
+    RunNotFoundError,
+    StoreUnavailableError,
+    first_line,
+)
 
 _ENVELOPE = ("originator_id", "originator_version", "timestamp", "originator_topic",
              "prev_hash", "payload_hash", "mac")
@@ -34,8 +38,8 @@ def store_errors(where: str) -> Iterator[None]:
     except IntegrityError:
         raise
     except (PersistenceError, sqlite3.Error, OSError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise StoreUnavailableError(f"cannot reach the event store ({where}): {first}") from e
+        raise StoreUnavailableError(
+            f"cannot reach the event store ({where}): {first_line(e)}") from e
 
 
 class SagaApplication(Application):
@@ -121,16 +125,12 @@ def event_json(e: Any) -> dict[str, Any]:
     """One event as ``{type, version, timestamp, step_id?, payload}``."""
     payload = {k: v for k, v in e.__dict__.items() if k not in _ENVELOPE}
     out: dict[str, Any] = {"type": type(e).__name__, "version": e.originator_version,
-                           "timestamp": _iso(e.timestamp)}
+                           "timestamp": iso(e.timestamp)}
     if "step_id" in payload:
         out["step_id"] = payload["step_id"]
     out["payload"] = payload
     out["hash"], out["prev_hash"] = e.link(), e.prev_hash
     return out
-
-
-def _iso(value: datetime | Any) -> str:
-    return value.isoformat() if hasattr(value, "isoformat") else str(value)
 
 
 @contextlib.contextmanager
@@ -140,20 +140,9 @@ def _postgres_setup(settings: Settings) -> Iterator[None]:
     PostgreSQL fail with "tuple concurrently updated" when many workers start at once."""
     env = settings.store_env()
     schema = env.get("POSTGRES_SCHEMA")
-    try:
-        import psycopg
-        from psycopg import sql
-    except ImportError as e:
-        raise StoreUnavailableError("PostgreSQL needs psycopg: pip install 'saga[postgres]'") from e
-    try:
-        conn = psycopg.connect(host=env["POSTGRES_HOST"], port=int(env["POSTGRES_PORT"]),
-                               dbname=env["POSTGRES_DBNAME"], user=env["POSTGRES_USER"],
-                               password=env["POSTGRES_PASSWORD"] or None, connect_timeout=5,
-                               autocommit=True)
-    except psycopg.Error as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise StoreUnavailableError(
-            f"cannot reach the event store ({settings.store_description}): {first}") from e
+    conn = connect_postgres(env, settings.store_description)
+    from psycopg import sql
+
     with conn:
         conn.execute("SELECT pg_advisory_lock(%s)", (DDL_LOCK,))
         try:

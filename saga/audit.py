@@ -75,7 +75,7 @@ from uuid import UUID
 from saga.config import Settings
 from saga.database import Database
 from saga.domain import CHAIN_FIELDS, GENESIS, event_hash, payload_hash, payload_of, sign
-from saga.errors import RunNotFoundError, StoreUnavailableError
+from saga.errors import RunNotFoundError, StoreUnavailableError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -399,8 +399,7 @@ def _store_errors() -> Iterator[None]:
     try:
         yield
     except driver_errors as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise StoreUnavailableError(f"cannot read the event store: {first}") from e
+        raise StoreUnavailableError(f"cannot read the event store: {first_line(e)}") from e
 
 
 @contextlib.contextmanager

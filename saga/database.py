@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from saga.config import Settings
-from saga.errors import StoreUnavailableError
+from saga.errors import StoreUnavailableError, first_line
 
 Row = dict[str, Any]
 # Concurrent CREATE TABLE IF NOT EXISTS can fail in PostgreSQL ("tuple concurrently
@@ -34,7 +34,11 @@ class Database:
         self._lock = threading.RLock()
         try:
             if self.pg:
-                self.conn = _connect_postgres(env)
+                self.conn = connect_postgres(env, settings.store_description)
+                schema = env.get("POSTGRES_SCHEMA", "public")
+                from psycopg import sql
+
+                self.conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
             else:
                 # isolation_level=None: no implicit transactions; tx() issues BEGIN IMMEDIATE.
                 self.conn = sqlite3.connect(env["SQLITE_DBNAME"], timeout=30.0,
@@ -101,19 +105,18 @@ class Database:
             self.conn.close()
 
 
-def _connect_postgres(env: dict[str, str]) -> Any:
-    import psycopg
-    from psycopg import sql
-
+def connect_postgres(env: dict[str, str], where: str) -> Any:
+    """An autocommit psycopg connection from ``POSTGRES_*`` keys (transactions are
+    explicit), or StoreUnavailableError saying where it could not connect."""
     try:
-        conn = psycopg.connect(
+        import psycopg
+    except ImportError as e:
+        raise StoreUnavailableError("PostgreSQL needs psycopg: pip install 'saga[postgres]'") from e
+    try:
+        return psycopg.connect(
             host=env["POSTGRES_HOST"], port=int(env["POSTGRES_PORT"]),
             dbname=env["POSTGRES_DBNAME"], user=env["POSTGRES_USER"],
-            password=env.get("POSTGRES_PASSWORD") or None, connect_timeout=5,
-            autocommit=True)  # transactions are explicit, see tx()
+            password=env.get("POSTGRES_PASSWORD") or None, connect_timeout=5, autocommit=True)
     except psycopg.Error as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise StoreUnavailableError(f"cannot reach the event store: {first}") from e
-    schema = env.get("POSTGRES_SCHEMA", "public")
-    conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
-    return conn
+        raise StoreUnavailableError(
+            f"cannot reach the event store ({where}): {first_line(e)}") from e

@@ -279,10 +279,15 @@ class Definition(_Model):
         return definition_hash(self.to_json())
 
 
+def canonical(value: Any) -> bytes:
+    """Canonical JSON, the form every hash covers: sorted keys, no whitespace, UTF-8."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      default=str).encode()
+
+
 def definition_hash(data: dict[str, Any]) -> str:
     """sha256 hex digest of canonical JSON (sorted keys, no whitespace)."""
-    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    return hashlib.sha256(canonical(data)).hexdigest()
 
 
 def parse_text(text: str, source: str = "<text>") -> dict[str, Any]:

@@ -13,11 +13,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import hmac
-import json
+from datetime import datetime
 from typing import Any, ClassVar
 from uuid import UUID, uuid4
 
 from eventsourcing.domain import Aggregate
+
+from saga.definition import canonical
 
 RUN_STATUSES = ("running", "waiting", "completed", "failed", "compensating", "compensated",
                 "cancelled")
@@ -39,12 +41,6 @@ def idempotency_key(run_id: str, step_id: str, iteration: int = 0) -> str:
 CHAIN_FIELDS = ("actor", "prev_hash", "payload_hash", "mac")
 _ENVELOPE = ("originator_id", "originator_version", "timestamp", "originator_topic")
 GENESIS = ""
-
-
-def canonical(value: Any) -> bytes:
-    """Canonical JSON: sorted keys, no whitespace, UTF-8."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      default=str).encode()
 
 
 def payload_of(fields: dict[str, Any]) -> dict[str, Any]:
@@ -71,13 +67,13 @@ def sign(key: bytes, digest: str) -> str:
     return hmac.new(key, digest.encode(), hashlib.sha256).hexdigest()
 
 
-def _iso(value: Any) -> str:
+def iso(value: Any) -> str:
+    """A recorded time as ISO text."""
     return value.isoformat() if hasattr(value, "isoformat") else str(value)
 
 
-def _ms_between(start: str | None, end: str) -> int | None:
-    from datetime import datetime
-
+def ms_between(start: str | None, end: str) -> int | None:
+    """Milliseconds between two recorded ISO times (None without a start)."""
     if start is None:
         return None
     delta = datetime.fromisoformat(end) - datetime.fromisoformat(start)
@@ -110,7 +106,7 @@ class Run(Aggregate):
         def link(self) -> str:
             """This event's hash in its run's chain."""
             return event_hash(type(self).__name__, self.originator_version,
-                              _iso(self.timestamp), self.actor, self.payload_hash,
+                              iso(self.timestamp), self.actor, self.payload_hash,
                               self.prev_hash)
 
         def mutate(self, aggregate: Any) -> Any:
@@ -174,7 +170,7 @@ class Run(Aggregate):
         self.outputs: Any = None
         self.error: dict[str, Any] | None = None
         self.failed_step: str | None = None
-        self.started_at = _iso(self.created_on)
+        self.started_at = iso(self.created_on)
         self.finished_at: str | None = None
         self.actor: str | None = context.get("actor")
 
@@ -223,8 +219,8 @@ class Run(Aggregate):
             s.update(status="running", attempt=self.attempt, parameters=self.parameters,
                      idempotency_key=self.idempotency_key, worker=self.worker, retry_at=None,
                      error=None)
-            s["started_at"] = s["started_at"] or _iso(self.timestamp)
-            s["attempt_started_at"] = _iso(self.timestamp)
+            s["started_at"] = s["started_at"] or iso(self.timestamp)
+            s["attempt_started_at"] = iso(self.timestamp)
 
     class StepCompleted(Event):
         """An attempt succeeded; its output exists only once this event is durable."""
@@ -239,11 +235,11 @@ class Run(Aggregate):
 
         def apply(self, aggregate: Any) -> None:
             s = aggregate._step(self.step_id, self.iteration)
-            s.update(status="completed", output=self.output, finished_at=_iso(self.timestamp),
+            s.update(status="completed", output=self.output, finished_at=iso(self.timestamp),
                      error=None, retry_at=None)
             if self.cache is not None:
                 s["cache"] = self.cache
-            s["duration_ms"] = _ms_between(s["started_at"], s["finished_at"])
+            s["duration_ms"] = ms_between(s["started_at"], s["finished_at"])
             aggregate.completion_order.append(step_key(self.step_id, self.iteration))
 
     class StepFailed(Event):
@@ -262,8 +258,8 @@ class Run(Aggregate):
             s = aggregate._step(self.step_id, self.iteration)
             s.update(status="failed", attempt=self.attempt, retry_at=self.next_retry_at,
                      error={"type": self.error_type, "message": self.message},
-                     finished_at=_iso(self.timestamp), retryable=self.retryable)
-            s["duration_ms"] = _ms_between(s["started_at"], s["finished_at"])
+                     finished_at=iso(self.timestamp), retryable=self.retryable)
+            s["duration_ms"] = ms_between(s["started_at"], s["finished_at"])
 
     class StepSkipped(Event):
         """A step did not run: its condition was false, or what it needs did not happen."""
@@ -275,7 +271,7 @@ class Run(Aggregate):
 
         def apply(self, aggregate: Any) -> None:
             s = aggregate._step(self.step_id, self.iteration)
-            s.update(status="skipped", reason=self.reason, finished_at=_iso(self.timestamp))
+            s.update(status="skipped", reason=self.reason, finished_at=iso(self.timestamp))
 
     class HealStarted(Event):
         """A failed attempt matched an auto-heal handler: its remedies run, then a retry."""
@@ -323,7 +319,7 @@ class Run(Aggregate):
 
         def apply(self, aggregate: Any) -> None:
             aggregate.approvals[self.step_id] = {"status": "requested", "message": self.message,
-                                                 "requested_at": _iso(self.timestamp)}
+                                                 "requested_at": iso(self.timestamp)}
             aggregate.status = "waiting"
 
     class ApprovalGranted(Event):
@@ -382,7 +378,7 @@ class Run(Aggregate):
             key = step_key(self.step_id, self.iteration)
             aggregate.compensation["done"][key] = "compensated"
             aggregate.steps[key].update(status="compensated", compensation_output=self.output,
-                                        compensated_at=_iso(self.timestamp))
+                                        compensated_at=iso(self.timestamp))
 
     class CompensationFailed(Event):
         """A completed step's compensation failed; the remaining ones still run."""
@@ -415,7 +411,7 @@ class Run(Aggregate):
             for key in self.steps:
                 s = aggregate.steps[key]
                 if s["status"] == "failed":
-                    s.update(retry_at=_iso(self.timestamp), retryable=True)
+                    s.update(retry_at=iso(self.timestamp), retryable=True)
                 else:  # skipped because something upstream failed: decide again
                     s.update(status="pending", reason=None)
             aggregate.status = "running"
@@ -483,7 +479,7 @@ class Run(Aggregate):
 
     def _finish(self, status: str, e: Any) -> None:
         self.status = status
-        self.finished_at = _iso(e.timestamp)
+        self.finished_at = iso(e.timestamp)
 
     # -- commands (each triggers exactly one event) ------------------------------------
 
@@ -576,7 +572,7 @@ class Run(Aggregate):
 def _chain(event_class: Any, version: int, timestamp: Any, actor: str | None,
            fields: dict[str, Any], prev: str) -> dict[str, Any]:
     digest = payload_hash(payload_of(fields))
-    link = event_hash(event_class.__name__, version, _iso(timestamp), actor, digest, prev)
+    link = event_hash(event_class.__name__, version, iso(timestamp), actor, digest, prev)
     key = Run.audit_key
     return {"actor": actor, "prev_hash": prev, "payload_hash": digest,
             "mac": sign(key, link) if key else None}

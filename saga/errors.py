@@ -11,6 +11,12 @@ from dataclasses import dataclass
 from typing import Any
 
 
+def first_line(error: BaseException) -> str:
+    """A driver error's first line (its later lines are context a user rarely needs)."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 class SagaError(Exception):
     """Base of every error saga raises on purpose."""
 

@@ -28,7 +28,7 @@ from eventsourcing.persistence import Notification
 
 from saga.application import SagaApplication
 from saga.database import Database
-from saga.domain import Run
+from saga.domain import Run, ms_between
 
 RUN_COLUMNS = ("run_id", "definition_name", "definition_version", "definition_hash", "status",
                "actor", "started_at", "finished_at", "duration_ms", "failed_step", "error",
@@ -85,13 +85,6 @@ def _ts(value: datetime) -> str:
     return value.astimezone(UTC).isoformat(timespec="microseconds")
 
 
-def _ms(start: str | None, end: str) -> int | None:
-    if start is None:
-        return None
-    delta = datetime.fromisoformat(end) - datetime.fromisoformat(start)
-    return round(delta.total_seconds() * 1000)
-
-
 def _json(value: Any) -> str | None:
     return None if value is None else json.dumps(value, sort_keys=True, separators=(",", ":"))
 
@@ -141,7 +134,7 @@ class _Fold:
                 s = self.step(run_id, e.step_id, e.iteration)
                 failed = topic == "saga.StepFailed"
                 s.update(status="failed" if failed else "completed", finished_at=ts,
-                         duration_ms=_ms(s["started_at"], ts),
+                         duration_ms=ms_between(s["started_at"], ts),
                          error=_json({"type": e.error_type, "message": e.message})
                          if failed else None)
             case "saga.StepSkipped":
@@ -174,7 +167,7 @@ class _Fold:
 
     @staticmethod
     def _finish(run: Row, status: str, ts: str, error: Any = None) -> None:
-        run.update(status=status, finished_at=ts, duration_ms=_ms(run["started_at"], ts),
+        run.update(status=status, finished_at=ts, duration_ms=ms_between(run["started_at"], ts),
                    error=_json(error))
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from saga import expressions
 from saga.definition import Step
-from saga.domain import Run, step_key
+from saga.domain import Run, ms_between, step_key
 from saga.errors import ExpressionError
 from saga.nesting import child_run_id
 from saga.plan import Plan
@@ -569,17 +569,11 @@ def layer_report(plan: Plan, run: Run) -> dict[str, Any]:
     for entry in report.values():
         start, end = entry.pop("_start"), entry.pop("_end")
         if start and end:
-            entry["duration_ms"] = _span_ms(start, end)
+            entry["duration_ms"] = ms_between(start, end)
     if report:
         report["degraded"] = bool(report.get("enhancement", {}).get("failed"))
     return report
 
-
-def _span_ms(start: str, end: str) -> int:
-    from datetime import datetime
-
-    return round((datetime.fromisoformat(end) - datetime.fromisoformat(start))
-                 .total_seconds() * 1000)
 
 
 def interrupted(plan: Plan, run: Run) -> list[FailStep]:
