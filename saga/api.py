@@ -31,6 +31,7 @@ from saga.errors import (
     DefinitionError,
     ExpressionError,
     Problem,
+    RunNotFoundError,
     RunStateError,
     SagaError,
 )
@@ -319,18 +320,17 @@ class Saga:
         summary = run_summary(run)
         children = []
         plan = self.executor_plan(run)
-        for key, step in summary.get("steps", {}).items():
-            state = run.steps.get(key)
-            if state is None or plan.step(state["step_id"]).use is None:
-                continue  # only nested compositions have child runs
-            if state["iteration"] == 0 and plan.step(state["step_id"]).iterates:
-                continue  # a loop's own entry repeats its last iteration's child
-            output = step.get("output")
-            child = output.get("run_id") if isinstance(output, dict) else None
-            if child is None and (step.get("error") or {}).get("type") == "ChildRunFailed":
-                child = self.get(run_id).steps[key].get("parameters", {}).get("run")
-            if child:
+        for key, state in run.steps.items():
+            step = plan.step(state["step_id"])
+            if step.use is None or (state["iteration"] == 0 and step.iterates):
+                continue  # only nested steps have children (a loop's own entry has none)
+            child = (state.get("parameters") or {}).get("run")  # recorded when it started
+            if not child:
+                continue
+            try:
                 children.append({"step": key, **self.status(child)})
+            except RunNotFoundError:
+                continue  # its worker died before the child was recorded
         if children:
             summary["children"] = children
         return summary
