@@ -362,9 +362,19 @@ class Saga:
         """How many events the read model has not applied yet."""
         return max(self.projection.head() - self.projection.position(), 0)
 
-    def decide(self, run_id: str, step_id: str, approved: bool, *, actor: str | None = None,
+    def approve(self, run_id: str, step_id: str, *, actor: str | None = None,
+                comment: str | None = None) -> Run:
+        """Grant the approval a waiting step asked for (a worker then continues the run)."""
+        return self._decide(run_id, step_id, True, actor, comment)
+
+    def reject(self, run_id: str, step_id: str, *, actor: str | None = None,
                comment: str | None = None) -> Run:
-        """Record an approval decision on a waiting step."""
+        """Reject the approval a waiting step asked for: the step fails with
+        ``ApprovalRejected`` and the run follows its failure policy."""
+        return self._decide(run_id, step_id, False, actor, comment)
+
+    def _decide(self, run_id: str, step_id: str, approved: bool, actor: str | None,
+                comment: str | None) -> Run:
         run = self.get(run_id)
         approval = run.approvals.get(step_id)
         if approval is None or approval["status"] != "requested":

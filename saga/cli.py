@@ -655,7 +655,9 @@ def _decision_command(name: str, approved: bool, doc: str) -> None:
     @click.option("--actor", help="Who decides (default: SAGA_ACTOR or the OS user).")
     @_handle_errors
     def command(run_id: str, step_id: str, comment: str | None, actor: str | None) -> None:
-        run = _saga().decide(run_id, step_id, approved, actor=actor, comment=comment)
+        s = _saga()
+        decide = s.approve if approved else s.reject
+        run = decide(run_id, step_id, actor=actor, comment=comment)
         click.echo(f"{step_id} {name}d on run {run.run_id}; continue it with: "
                    f"saga resume {run.run_id}")
 

@@ -49,7 +49,7 @@ def test_seed_002_waits_for_confirmation_then_completes(saga: Saga) -> None:
     assert run.approvals["create_branch"]["message"] == \
         "Create branch feature/AAP-12345-add-billing-export?"
     assert not calls("git_create_branch")
-    saga.decide(run.run_id, "create_branch", True, actor="alice", comment="go")
+    saga.approve(run.run_id, "create_branch", actor="alice", comment="go")
     run = saga.resume(run.run_id)
     assert run.status == "completed"
     assert run.outputs == {"branch": "feature/AAP-12345-add-billing-export",
@@ -70,7 +70,7 @@ def test_seed_002_waits_for_confirmation_then_completes(saga: Saga) -> None:
 def test_rejection_follows_on_error(saga: Saga) -> None:
     plan = saga.load(SEEDS / "002_start_work.yaml")
     run = saga.run(plan, {"issue_key": "AAP-1"})
-    saga.decide(run.run_id, "create_branch", False, actor="bob", comment="not now")
+    saga.reject(run.run_id, "create_branch", actor="bob", comment="not now")
     run = saga.resume(run.run_id)
     # create_branch has on_error: continue, so the run goes on without the branch.
     assert run.steps["create_branch"]["status"] == "failed"

@@ -161,7 +161,7 @@ def test_the_parallel_review_waits_for_approval_then_merges(saga: Saga) -> None:
     assert calls("implementer")[0]["params"] == {"task": "Implement feature: billing export"}
     assert {c["tool"] for c in standins.CALLS} == {"implementer", "lint_gate", "test_gate",
                                                    "security_gate"}
-    saga.decide(run.run_id, "review", True, actor="alice", comment="ship it")
+    saga.approve(run.run_id, "review", actor="alice", comment="ship it")
     run = saga.resume(run.run_id)
     assert run.status == "completed"
     assert run.steps["review"]["output"] == {"approved": True, "actor": "alice",
@@ -172,7 +172,7 @@ def test_the_parallel_review_waits_for_approval_then_merges(saga: Saga) -> None:
 
 def test_a_rejection_skips_the_merge(saga: Saga) -> None:
     run = saga.run(saga.load(REVIEW), {"input": "x"})
-    saga.decide(run.run_id, "review", False, actor="bob", comment="no")
+    saga.reject(run.run_id, "review", actor="bob", comment="no")
     run = saga.resume(run.run_id)
     assert run.status == "completed"
     assert run.steps["review"]["output"]["approved"] is False
@@ -251,7 +251,7 @@ def test_a_failed_graph_run_can_be_redriven(saga: Saga,
     monkeypatch.delenv("GRAPH_FAILING_GATES")
     run = saga.retry(run.run_id, actor="dave")
     assert run.status == "waiting" and run.steps["lint"]["attempt"] == 2
-    saga.decide(run.run_id, "review", True, actor="alice")
+    saga.approve(run.run_id, "review", actor="alice")
     assert saga.resume(run.run_id).status == "completed"
 
 
@@ -266,11 +266,11 @@ def test_a_human_inside_a_loop_is_asked_again_each_iteration(saga: Saga) -> None
                  ("check", "publish")])
     run = saga.run(saga.load(doc), {"input": "post"})
     assert run.pending_approvals == ["ok"]
-    saga.decide(run.run_id, "ok", False, actor="eve", comment="too long")
+    saga.reject(run.run_id, "ok", actor="eve", comment="too long")
     run = saga.resume(run.run_id)
     assert run.pending_approvals == ["ok[1]"]
     assert run.steps["check"]["output"]["branch_outcome"] == "on_false"
-    saga.decide(run.run_id, "ok[1]", True, actor="eve")
+    saga.approve(run.run_id, "ok[1]", actor="eve")
     run = saga.resume(run.run_id)
     assert run.status == "completed"
     # The branch passed the draft (its input) on, not the approval record.

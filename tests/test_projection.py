@@ -133,7 +133,7 @@ def test_rows_match_the_runs_states(saga: Saga) -> None:
         assert [r["run_id"] for r in p.runs(since=runs[3].started_at)] == [runs[4].run_id,
                                                                           runs[3].run_id]
         # The gated run goes on once approved; the projection follows it.
-        saga.decide(gated["a"]["run_id"], "b", True)
+        saga.approve(gated["a"]["run_id"], "b")
         finished = saga.resume(runs[4].run_id)
         assert p.catch_up() > 0 and finished.status == "completed"
         assert_rows_match(p, finished)
@@ -149,7 +149,7 @@ def test_run_waits_until_every_pending_approval_is_decided(saga: Saga) -> None:
     p = Projection(saga.app)
     try:
         for step, expected in (("x", "waiting"), ("y", "running")):
-            saga.decide(run.run_id, step, True)
+            saga.approve(run.run_id, step)
             p.catch_up(page=1)
             assert p.runs()[0]["status"] == saga.get(run.run_id).status == expected
     finally:

@@ -310,7 +310,7 @@ def test_a_waiting_run_survives_restarts_and_a_worker_continues_it(settings: Set
     with Saga(settings, registry=registry) as saga:
         waiting = saga.get(run.run_id)
         assert waiting.status == "waiting" and waiting.pending_approvals == ["deploy"]
-        saga.decide(run.run_id, "deploy", True, actor="carol")
+        saga.approve(run.run_id, "deploy", actor="carol")
     assert crash_worker(settings, 0, log) == 0  # a fresh worker sees the decision
     with Saga(settings, registry=registry) as saga:
         final = saga.get(run.run_id)

@@ -61,10 +61,10 @@ def world(saga: Saga) -> dict[str, str]:
     rid = run("cancel", orders, {}, "carol", "waiting")
     assert saga.cancel(rid, actor="dana", reason="customer left").status == "cancelled"
     rid = run("approved", orders, {}, "alice", "waiting")
-    saga.decide(rid, "ship", True, actor="erin", comment="ok")
+    saga.approve(rid, "ship", actor="erin", comment="ok")
     assert saga.resume(rid).status == "completed"
     rid = run("rejected", orders, {}, "carol", "waiting")
-    saga.decide(rid, "ship", False, actor="erin", comment="not <today>")
+    saga.reject(rid, "ship", actor="erin", comment="not <today>")
     assert saga.resume(rid).status == "compensated"
     rid = run("manual", pay, {"fail": False}, "bob", "completed")
     assert saga.compensate(rid, actor="frank", reason="rollback").status == "compensated"

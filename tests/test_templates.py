@@ -343,7 +343,7 @@ def test_start_work_creates_a_branch_and_deletes_it_when_the_tracker_refuses(
     waiting = run_template(s, "start-work", repo=str(repo), issue_key="AAP-2",
                            require_approval=True)
     assert waiting.status == "waiting" and "feature/AAP-2-work" not in branches(repo)
-    s.decide(waiting.run_id, "create_branch_approved", True, comment="go")
+    s.approve(waiting.run_id, "create_branch_approved", comment="go")
     done = s.resume(waiting.run_id)
     assert done.status == "completed" and "feature/AAP-2-work" in branches(repo)
     assert step_status(done, "create_branch") == "skipped"
@@ -640,7 +640,7 @@ def test_release_checks_in_parallel_waits_for_approval_and_undoes_everything(
     assert waiting.status == "waiting" and waiting.pending_approvals == ["release"]
     assert git(repo, "log", "-1", "--format=%s") == "Release 1.1.0"  # committed, not tagged
     assert git(repo, "tag", "--list") == ""
-    s.decide(waiting.run_id, "release", True, comment="ship it")
+    s.approve(waiting.run_id, "release", comment="ship it")
     released = s.resume(waiting.run_id)
     assert released.status == "completed", released.error
     sha = git(repo, "rev-parse", "HEAD")
@@ -659,7 +659,7 @@ def test_release_checks_in_parallel_waits_for_approval_and_undoes_everything(
 
     rejected = s.run(plan, {**common, "version": "1.2.0"})
     assert rejected.status == "waiting"
-    s.decide(rejected.run_id, "release", False, comment="not today")
+    s.reject(rejected.run_id, "release", comment="not today")
     rejected = s.resume(rejected.run_id)
     assert rejected.status == "compensated" and rejected.error["type"] == "ApprovalRejected"
     assert [step_status(rejected, k) for k in ("index_guard", "bump", "commit")] == \
@@ -667,7 +667,7 @@ def test_release_checks_in_parallel_waits_for_approval_and_undoes_everything(
     assert_untouched()
 
     down = s.run(plan, {**common, "version": "1.2.0", "announce_url": f"{hooks.url}/down"})
-    s.decide(down.run_id, "release", True)
+    s.approve(down.run_id, "release")
     down = s.resume(down.run_id)
     assert down.status == "compensated" and down.failed_step == "announce"
     assert step_status(down, "release") == "compensated"  # the tag was deleted
