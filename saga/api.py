@@ -18,30 +18,34 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from saga import expressions, nesting, replay, secrets
-from saga.application import SagaApplication, open_app
+from saga import composition, expressions, replay, secrets
 from saga.audit import REDACTED
-from saga.cache import ToolCache
+from saga.composition import Plan, plan_of
+from saga.composition.definition import resolve_inputs
 from saga.config import Settings, load_settings
-from saga.database import Database
-from saga.definition import load_file, resolve_inputs
 from saga.domain import Run
 from saga.errors import (
     ConcurrentWriteError,
-    DefinitionError,
     ExpressionError,
-    Problem,
     RunNotFoundError,
     RunStateError,
     SagaError,
 )
 from saga.executor import EventHook, Executor
-from saga.plan import Plan, compile_any
 from saga.projection import Projection
-from saga.recovery import Leases, Worker, default_worker_id, wait_for_lease
 from saga.replay import Divergence
 from saga.scheduler import compensation_order, is_loop_parent
+from saga.store import (
+    Database,
+    Leases,
+    SagaApplication,
+    ToolCache,
+    default_worker_id,
+    open_app,
+    wait_for_lease,
+)
 from saga.tools import Registry, load_registry
+from saga.worker import Worker
 
 log = logging.getLogger("saga")
 
@@ -120,23 +124,7 @@ class Saga:
     def load(self, source: str | Path | Mapping[str, Any]) -> Plan:
         """Load and validate a composition (a file path or raw data) into a plan, with the
         compositions its ``use`` steps name."""
-        if isinstance(source, Mapping):
-            plan = compile_any(dict(source), tools=self.registry.tools())
-        else:
-            plan = compile_any(load_file(source), tools=self.registry.tools(),
-                               source=str(source))
-        problems = []
-        for i, step in enumerate(plan.definition.steps):
-            if step.use is None:
-                continue
-            try:
-                nesting.load_child(step.use, self.registry.tools())
-            except DefinitionError as e:
-                problems += [Problem(f"steps[{i}].{p.path}" if p.path else f"steps[{i}].use",
-                                     p.message) for p in e.problems]
-        if problems:
-            raise DefinitionError(problems, None if isinstance(source, Mapping) else str(source))
-        return plan
+        return composition.load(source, self.registry.tools())
 
     def start(self, plan: Plan | str | Path, inputs: Mapping[str, Any] | None = None, *,
               actor: str | None = None, labels: Mapping[str, str] | None = None,
@@ -302,13 +290,12 @@ class Saga:
 
     def executor_plan(self, run: Run) -> Plan:
         """The plan a run is driven by (its recorded definition, compiled)."""
-        from saga.executor import plan_for
-
-        return plan_for(run)
+        return plan_of(run)
 
     def worker_loop(self, **kwargs: Any) -> Worker:
-        """A worker over this store (see :class:`saga.recovery.Worker`)."""
-        return Worker(self, **kwargs)
+        """A worker over this store (see :class:`saga.worker.Worker`)."""
+        return Worker(self.app, self.leases, lambda worker: self.executor(worker=worker),
+                      **kwargs)
 
     def get(self, run_id: str, version: int | None = None) -> Run:
         """The run as recorded."""

@@ -11,20 +11,95 @@ it from there).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import hmac
 from datetime import datetime
-from typing import Any, ClassVar
-from uuid import UUID, uuid4
+from typing import Any, ClassVar, Literal, TypedDict, get_args
+from uuid import UUID, uuid4, uuid5
 
 from eventsourcing.domain import Aggregate
 
-from saga.definition import canonical
+from saga.chain import CHAIN_FIELDS, GENESIS, event_hash, payload_hash, payload_of, sign
 
-RUN_STATUSES = ("running", "waiting", "completed", "failed", "compensating", "compensated",
-                "cancelled")
-TERMINAL = frozenset({"completed", "failed", "compensated", "cancelled"})
-STEP_STATUSES = ("pending", "running", "completed", "failed", "skipped", "compensated")
+_ENVELOPE = ("originator_id", "originator_version", "timestamp", "originator_topic")
+
+RunStatus = Literal["running", "waiting", "completed", "failed", "compensating", "compensated",
+                   "cancelled"]
+StepStatus = Literal["pending", "running", "completed", "failed", "skipped", "compensated"]
+RUN_STATUSES: tuple[RunStatus, ...] = get_args(RunStatus)
+STEP_STATUSES: tuple[StepStatus, ...] = get_args(StepStatus)
+TERMINAL: frozenset[RunStatus] = frozenset({"completed", "failed", "compensated", "cancelled"})
+
+#: Every event a run records, by name: the log's vocabulary (a stored topic is
+#: ``TOPIC_PREFIX + name``). Other modules name events through these, never by spelling.
+EVENT_TYPES = (
+    "RunStarted", "StepStarted", "StepCompleted", "StepFailed", "StepSkipped",
+    "HealStarted", "RemedyApplied", "ApprovalRequested", "ApprovalGranted",
+    "ApprovalRejected", "CompensationStarted", "StepCompensated", "CompensationFailed",
+    "RunRetried", "RunCompleted", "RunFailed", "RunCompensated", "RunCancelled")
+TOPIC_PREFIX = "saga."
+#: The events that end a run, with the status each leaves.
+ENDINGS: dict[str, RunStatus] = {"RunCompleted": "completed", "RunFailed": "failed",
+                                 "RunCompensated": "compensated", "RunCancelled": "cancelled"}
+DECISIONS = frozenset({"ApprovalGranted", "ApprovalRejected"})
+
+
+class StepState(TypedDict, total=False):
+    """One execution of a step (``step[i]`` for iteration i) as the run's fold holds it."""
+
+    step_id: str
+    iteration: int
+    status: StepStatus
+    attempt: int
+    parameters: Any
+    output: Any
+    error: dict[str, Any] | None
+    reason: str
+    retry_at: str | None
+    attempt_started_at: str
+    started_at: str | None
+    finished_at: str | None
+    duration_ms: int | None
+    worker: str | None
+    healing: dict[str, Any] | None
+    heals: dict[str, int]
+    cache: dict[str, Any] | None
+
+
+class RunState(TypedDict, total=False):
+    """A run as a JSON object (:func:`saga.api.run_summary`'s shape, without steps)."""
+
+    run_id: str
+    name: str
+    status: RunStatus
+    actor: str | None
+    started_at: str
+    finished_at: str | None
+    outputs: Any
+    error: dict[str, Any] | None
+    failed_step: str | None
+
+
+def event_name(topic: str) -> str:
+    """An event's name from its stored topic (``saga.StepStarted`` -> ``StepStarted``)."""
+    return topic.removeprefix(TOPIC_PREFIX)
+
+
+def status_after(event: str, status: RunStatus, *, still_waiting: bool = False) -> RunStatus:
+    """The run status an event leaves, from the status before it: the one rule the
+    aggregate, the read model and the worker's index all fold with.
+
+    ``still_waiting``: after an approval decision, other approvals are still pending.
+    """
+    if event in ENDINGS:
+        return ENDINGS[event]
+    if event in ("RunStarted", "RunRetried"):
+        return "running"
+    if event == "ApprovalRequested":
+        return "waiting"
+    if event in DECISIONS:
+        return "running" if status == "waiting" and not still_waiting else status
+    if event == "CompensationStarted":
+        return "compensating"
+    return status
 
 
 def step_key(step_id: str, iteration: int = 0) -> str:
@@ -37,34 +112,13 @@ def idempotency_key(run_id: str, step_id: str, iteration: int = 0) -> str:
     return f"{run_id}:{step_id}:{iteration}"
 
 
-#: Fields every event carries for the audit chain, apart from its payload.
-CHAIN_FIELDS = ("actor", "prev_hash", "payload_hash", "mac")
-_ENVELOPE = ("originator_id", "originator_version", "timestamp", "originator_topic")
-GENESIS = ""
+_CHILD_NAMESPACE = UUID("0b7d2c1e-5a4f-4f7e-9d61-2f8a3c9e1b55")
 
 
-def payload_of(fields: dict[str, Any]) -> dict[str, Any]:
-    """An event's payload: its fields without the envelope and the chain fields."""
-    return {k: v for k, v in fields.items() if k not in _ENVELOPE and k not in CHAIN_FIELDS}
-
-
-def payload_hash(payload: dict[str, Any]) -> str:
-    """sha256 of the payload's canonical JSON."""
-    return hashlib.sha256(canonical(payload)).hexdigest()
-
-
-def event_hash(event_type: str, version: int, timestamp: str, actor: str | None,
-               payload_digest: str, prev_hash: str) -> str:
-    """An event's link in its run's chain: covers its type, version, time, actor, the hash
-    of its payload (so a payload can later be removed) and its predecessor's hash."""
-    text = "|".join([event_type, str(version), timestamp, actor or "", payload_digest,
-                     prev_hash])
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def sign(key: bytes, digest: str) -> str:
-    """HMAC-SHA256 of a chain link."""
-    return hmac.new(key, digest.encode(), hashlib.sha256).hexdigest()
+def child_run_id(parent_run_id: str, step_id: str, iteration: int) -> str:
+    """The id of the child run a ``use`` step starts: derived from its parent's id, step
+    and iteration, so a step re-executed after a crash finds the child it started."""
+    return str(uuid5(_CHILD_NAMESPACE, f"{parent_run_id}:{step_id}:{iteration}"))
 
 
 def iso(value: Any) -> str:
@@ -110,7 +164,10 @@ class Run(Aggregate):
                               self.prev_hash)
 
         def mutate(self, aggregate: Any) -> Any:
+            before = aggregate.status if aggregate is not None else "running"
             aggregate = super().mutate(aggregate)
+            aggregate.status = status_after(type(self).__name__, before,
+                                            still_waiting=bool(aggregate.pending_approvals))
             aggregate.head_hash = self.link()
             return aggregate
 
@@ -320,7 +377,6 @@ class Run(Aggregate):
         def apply(self, aggregate: Any) -> None:
             aggregate.approvals[self.step_id] = {"status": "requested", "message": self.message,
                                                  "requested_at": iso(self.timestamp)}
-            aggregate.status = "waiting"
 
     class ApprovalGranted(Event):
         """Someone approved a waiting step."""
@@ -333,7 +389,6 @@ class Run(Aggregate):
         def apply(self, aggregate: Any) -> None:
             aggregate.approvals[self.step_id].update(status="granted", actor=self.actor,
                                                      comment=self.comment)
-            aggregate._settle_waiting()
 
     class ApprovalRejected(Event):
         """Someone rejected a waiting step; the step fails and follows its on_error."""
@@ -346,7 +401,6 @@ class Run(Aggregate):
         def apply(self, aggregate: Any) -> None:
             aggregate.approvals[self.step_id].update(status="rejected", actor=self.actor,
                                                      comment=self.comment)
-            aggregate._settle_waiting()
 
     # -- compensation ------------------------------------------------------------------
 
@@ -363,7 +417,6 @@ class Run(Aggregate):
             aggregate.compensation = {"reason": self.reason, "steps": list(self.steps),
                                       "done": {}, "actor": self.actor, "cancel": self.cancel,
                                       "requested": self.requested}
-            aggregate.status = "compensating"
             aggregate.finished_at = None
 
     class StepCompensated(Event):
@@ -414,7 +467,6 @@ class Run(Aggregate):
                     s.update(retry_at=iso(self.timestamp), retryable=True)
                 else:  # skipped because something upstream failed: decide again
                     s.update(status="pending", reason=None)
-            aggregate.status = "running"
             aggregate.error, aggregate.failed_step, aggregate.finished_at = None, None, None
             aggregate.outputs = None
             aggregate.retried = getattr(aggregate, "retried", 0) + 1
@@ -428,7 +480,7 @@ class Run(Aggregate):
         outputs: Any
 
         def apply(self, aggregate: Any) -> None:
-            aggregate._finish("completed", self)
+            aggregate._finish(self)
             aggregate.outputs = self.outputs
 
     class RunFailed(Event):
@@ -440,7 +492,7 @@ class Run(Aggregate):
         outputs: Any
 
         def apply(self, aggregate: Any) -> None:
-            aggregate._finish("failed", self)
+            aggregate._finish(self)
             aggregate.error, aggregate.failed_step = self.error, self.failed_step
             aggregate.outputs = self.outputs
 
@@ -453,7 +505,7 @@ class Run(Aggregate):
         outputs: Any
 
         def apply(self, aggregate: Any) -> None:
-            aggregate._finish("compensated", self)
+            aggregate._finish(self)
             aggregate.error, aggregate.failed_step = self.error, self.failed_step
             aggregate.outputs = self.outputs
 
@@ -465,20 +517,15 @@ class Run(Aggregate):
         reason: str | None
 
         def apply(self, aggregate: Any) -> None:
-            aggregate._finish("cancelled", self)
+            aggregate._finish(self)
             aggregate.error = {"type": "cancelled", "message": self.reason or "cancelled"}
-
-    def _settle_waiting(self) -> None:
-        if self.status == "waiting" and not self.pending_approvals:
-            self.status = "running"
 
     @property
     def pending_approvals(self) -> list[str]:
         """Steps waiting for an approval decision."""
         return [k for k, v in self.approvals.items() if v["status"] == "requested"]
 
-    def _finish(self, status: str, e: Any) -> None:
-        self.status = status
+    def _finish(self, e: Any) -> None:
         self.finished_at = iso(e.timestamp)
 
     # -- commands (each triggers exactly one event) ------------------------------------

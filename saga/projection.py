@@ -26,9 +26,9 @@ from typing import Any
 
 from eventsourcing.persistence import Notification
 
-from saga.application import SagaApplication
-from saga.database import Database
 from saga.domain import Run, ms_between
+from saga.store.application import SagaApplication
+from saga.store.side_tables import Database
 
 RUN_COLUMNS = ("run_id", "definition_name", "definition_version", "definition_hash", "status",
                "actor", "started_at", "finished_at", "duration_ms", "failed_step", "error",

@@ -14,19 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from saga import scheduler
-from saga.domain import Run, payload_of
-from saga.plan import Plan, compile_any
-from saga.scheduler import (
-    CompensateStep,
-    CompleteStep,
-    FailStep,
-    FinishRun,
-    RequestApproval,
-    SkipStep,
-    StartCompensation,
-    StartLoop,
-    StartStep,
-)
+from saga.chain import payload_of
+from saga.composition import Plan, compile_any
+from saga.domain import Run, step_key
+from saga.scheduler.actions import brief
 
 _WORLD = {"StepCompleted", "ApprovalGranted", "ApprovalRejected", "RunRetried",
           "RemedyApplied"}
@@ -44,7 +35,7 @@ class Divergence:
     def __str__(self) -> str:
         expected = "; ".join(self.expected) or "nothing (wait)"
         return (f"event {self.version} ({self.event_type}) diverges: recorded "
-                f"{_brief(self.recorded)}, the scheduler decides {expected}")
+                f"{brief(self.recorded)}, the scheduler decides {expected}")
 
 
 def verify(events: list[Any], plan: Plan | None = None) -> Divergence | None:
@@ -71,28 +62,27 @@ def _check(plan: Plan, run: Run, event: Any) -> Divergence | None:
     if kind == "HealStarted":
         return _check_heal(plan, run, event)
     expected = scheduler.decide(plan, run)
-    if any(_matches(action, kind, event) for action in expected):
+    if any(action.matches(kind, event) for action in expected):
         return None
     return Divergence(event.originator_version, kind, _payload(event),
-                      [_describe(a) for a in expected])
+                      [a.describe() for a in expected])
 
 
 def _check_failure(plan: Plan, run: Run, event: Any) -> Divergence | None:
-    state = run.step(event.step_id if event.iteration == 0 else
-                     f"{event.step_id}[{event.iteration}]")
+    state = run.step(step_key(event.step_id, event.iteration))
     if event.error_type == "Interrupted":
         expected = scheduler.interrupted(plan, run)
         if any(a.step_id == event.step_id and (a.retry_at is not None) == event.retryable
                for a in expected):
             return None
         return Divergence(event.originator_version, "StepFailed", _payload(event),
-                          [_describe(a) for a in expected])
+                          [a.describe() for a in expected])
     if state["status"] != "running":  # decided before any call: a template or approval
         expected = scheduler.decide(plan, run)
-        if any(_matches(a, "StepFailed", event) for a in expected):
+        if any(a.matches("StepFailed", event) for a in expected):
             return None
         return Divergence(event.originator_version, "StepFailed", _payload(event),
-                          [_describe(a) for a in expected])
+                          [a.describe() for a in expected])
     heal = scheduler.heal_decision(plan, run, event.step_id, event.iteration, event.error_type,
                                    event.message)
     retry = heal is not None or scheduler.retry_decision(
@@ -104,8 +94,7 @@ def _check_failure(plan: Plan, run: Run, event: Any) -> Divergence | None:
 
 
 def _check_heal(plan: Plan, run: Run, event: Any) -> Divergence | None:
-    state = run.step(event.step_id if event.iteration == 0 else
-                     f"{event.step_id}[{event.iteration}]")
+    state = run.step(step_key(event.step_id, event.iteration))
     error = state.get("error") or {}
     heal = scheduler.heal_decision(plan, run, event.step_id, event.iteration,
                                    error.get("type", ""), error.get("message", ""))
@@ -115,58 +104,8 @@ def _check_heal(plan: Plan, run: Run, event: Any) -> Divergence | None:
                       [f"heal with {heal}" if heal else "no auto-heal"])
 
 
-def _matches(action: scheduler.Action, kind: str, e: Any) -> bool:
-    if isinstance(action, StartLoop):
-        expected = action.items if isinstance(action.items, dict) else {"items": action.items}
-        return (kind == "StepStarted" and e.step_id == action.step_id and e.iteration == 0
-                and e.parameters == expected)
-    if isinstance(action, CompleteStep):
-        return (kind == "StepCompleted" and e.step_id == action.step_id
-                and e.iteration == action.iteration and e.output == action.output)
-    if isinstance(action, StartStep):
-        return (kind == "StepStarted" and e.step_id == action.step_id
-                and e.attempt == action.attempt and e.parameters == action.parameters)
-    if isinstance(action, SkipStep):
-        return kind == "StepSkipped" and e.step_id == action.step_id and e.reason == action.reason
-    if isinstance(action, FailStep):
-        return (kind == "StepFailed" and e.step_id == action.step_id
-                and e.error_type == action.error_type)
-    if isinstance(action, RequestApproval):
-        return kind == "ApprovalRequested" and e.step_id == action.step_id
-    if isinstance(action, StartCompensation):
-        return kind == "CompensationStarted" and list(e.steps) == list(action.steps)
-    if isinstance(action, CompensateStep):
-        return kind in ("StepCompensated", "CompensationFailed") and e.step_id == action.step_id
-    if isinstance(action, FinishRun):
-        outcome = {"completed": "RunCompleted", "failed": "RunFailed",
-                   "compensated": "RunCompensated", "cancelled": "RunCancelled"}[action.status]
-        same_outputs = action.status == "cancelled" or e.outputs == action.outputs
-        return kind == outcome and same_outputs
-    return False
-
-
-def _describe(action: scheduler.Action) -> str:
-    name = type(action).__name__
-    step = getattr(action, "step_id", None)
-    detail = f" {step}" if step else ""
-    if isinstance(action, StartStep):
-        detail += f" attempt {action.attempt} with {_brief(action.parameters)}"
-    elif isinstance(action, FinishRun):
-        detail += f" {action.status} with outputs {_brief(action.outputs)}"
-    elif isinstance(action, StartCompensation):
-        detail += f" of {action.steps}"
-    elif isinstance(action, SkipStep):
-        detail += f" ({action.reason})"
-    return name + detail
-
-
 def _payload(event: Any) -> dict[str, Any]:
     return payload_of(event.__dict__)
-
-
-def _brief(value: Any, limit: int = 120) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def state_at(events: list[Any]) -> Run:

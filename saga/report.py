@@ -1,5 +1,5 @@
 """The compliance report: which runs happened in a period, how they ended, who did what,
-and whether the event log still proves it.
+and whether the event log still proves it; and how often each template ran, and how well.
 
 :func:`build_report` reads three sources and joins them per run:
 
@@ -37,8 +37,10 @@ from typing import Any
 
 from saga import audit
 from saga.api import Saga
-from saga.domain import RUN_STATUSES, step_key
+from saga.composition.library import TemplateInfo, find_template, list_templates, read_template
+from saga.domain import RUN_STATUSES, TERMINAL, step_key
 from saga.errors import StoreUnavailableError
+from saga.projection import Projection
 
 #: The outcomes counted, in the order they are shown.
 OUTCOMES = ("completed", "failed", "compensated", "cancelled", "running", "waiting",
@@ -418,3 +420,51 @@ def render(report: Report, fmt: str = "md") -> str:
     if fmt not in renderers:
         raise ValueError(f"unknown report format {fmt!r} ({', '.join(FORMATS)})")
     return renderers[fmt](report)
+
+
+# -- template statistics ---------------------------------------------------------------
+
+def _every_run(saga: Saga) -> list[dict[str, Any]]:
+    """Every row of the read model's ``saga_runs``, after catching up with the log."""
+    projection = Projection(saga.app)
+    try:
+        projection.catch_up()
+        return projection.runs(limit=None)
+    finally:
+        projection.close()
+
+
+def _template_stats(info: TemplateInfo, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    rows = [r for r in rows if r["definition_name"] == info.definition_name]
+    by_status: dict[str, int] = {}
+    for row in rows:
+        by_status[row["status"]] = by_status.get(row["status"], 0) + 1
+    finished = [r for r in rows if r["status"] in TERMINAL]
+    durations = [int(r["duration_ms"]) for r in finished if r["duration_ms"] is not None]
+    return {
+        "template": info.name,
+        "definition_name": info.definition_name,
+        "runs": len(rows),
+        "finished": len(finished),
+        "by_status": by_status,
+        "success_rate": (by_status.get("completed", 0) / len(finished)) if finished else None,
+        "mean_duration_ms": (sum(durations) / len(durations)) if durations else None,
+        "last_run_at": max((r["started_at"] for r in rows if r["started_at"]), default=None),
+    }
+
+
+def template_stats(saga: Saga, name: str) -> dict[str, Any]:
+    """Runs of one template from the read model: ``runs``, ``finished``, ``by_status``,
+    ``success_rate`` (completed over finished runs: completed, failed, compensated or
+    cancelled; None before any), ``mean_duration_ms`` of finished runs and
+    ``last_run_at``. Runs count when their ``definition_name`` is the template's name."""
+    return _template_stats(read_template(find_template(name, saga.settings)), _every_run(saga))
+
+
+def templates_stats(saga: Saga, templates: list[TemplateInfo] | None = None
+                    ) -> dict[str, dict[str, Any]]:
+    """:func:`template_stats` of many templates (default: every one) by template name,
+    reading the read model once."""
+    rows = _every_run(saga)
+    infos = templates if templates is not None else list_templates(saga.settings)
+    return {info.name: _template_stats(info, rows) for info in infos}

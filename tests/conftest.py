@@ -60,8 +60,8 @@ def sqlite_settings(tmp_path: Path) -> Settings:
 
 @pytest.fixture
 def registry() -> Registry:
-    """Built-ins plus the test tools in tests/tools/standins.py."""
-    return load_registry(["tests.tools.standins"])
+    """Built-ins plus the test tools in tests/standins/standins.py."""
+    return load_registry(["tests.standins.standins"])
 
 
 def _verify_every_run(s: Saga, request: pytest.FixtureRequest) -> None:

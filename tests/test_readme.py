@@ -51,7 +51,7 @@ def test_the_readme_names_its_example_files() -> None:
 
 
 def test_quick_start_runs_and_compensates(workdir: Path) -> None:
-    template = str(ROOT / "templates" / "quickstart.yaml")
+    template = str(ROOT / "saga" / "templates" / "quickstart.yaml")
     ok = sh(["run", template], workdir)
     assert ok.returncode == 0, ok.stderr
     assert "completed" in ok.stdout
@@ -78,14 +78,14 @@ def test_the_deploy_example(workdir: Path) -> None:
 
 def test_the_approval_example(workdir: Path) -> None:
     ran = sh(["run", str(ROOT / "tests/seeds/002_start_work.yaml"), "--tools",
-              "tests.tools.standins", "--input", "issue_key=AAP-12345", "--json"], workdir,
+              "tests.standins.standins", "--input", "issue_key=AAP-12345", "--json"], workdir,
              PYTHONPATH=str(ROOT))
     assert ran.returncode == 0, ran.stderr
     run_id = json.loads(ran.stdout)["run_id"]
     assert json.loads(ran.stdout)["status"] == "waiting"
     approved = sh(["approve", run_id, "create_branch", "--comment", "go ahead"], workdir)
     assert approved.returncode == 0, approved.stderr
-    resumed = sh(["resume", run_id, "--tools", "tests.tools.standins", "--json"], workdir,
+    resumed = sh(["resume", run_id, "--tools", "tests.standins.standins", "--json"], workdir,
                  PYTHONPATH=str(ROOT))
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(resumed.stdout)["status"] == "completed"
@@ -130,7 +130,7 @@ def test_the_loop_and_layer_examples(workdir: Path) -> None:
 
 
 def test_the_graph_form_example(tmp_path: Path) -> None:
-    tools = ["--tools", "tests.tools.standins", "--tools", "tests.tools.graph_standins"]
+    tools = ["--tools", "tests.standins.standins", "--tools", "tests.standins.graph_standins"]
     env = {"SAGA_HOME": str(tmp_path / ".saga")}
     validated = sh(["validate", "tests/seeds/004_parallel_review.yaml", *tools], ROOT, **env)
     assert validated.returncode == 0, validated.stderr

@@ -17,8 +17,8 @@ import pytest
 from saga import audit
 from saga.api import Saga
 from saga.config import Settings
-from saga.database import Database
 from saga.report import CSV_COLUMNS, build_report, nearest_rank, parse_moment, render
+from saga.store.side_tables import Database
 
 NOW = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 SCRIPT = "<script>alert(1)</script>"

@@ -13,7 +13,7 @@ import pytest
 from saga import Saga
 from saga.config import Settings
 from saga.tools import Registry
-from tests.tools import standins
+from tests.standins import standins
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,6 @@ errors, so a typo never passes silently. Every problem is collected and raised a
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from pathlib import Path
@@ -24,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from saga.chain import definition_hash
 from saga.errors import DefinitionError, InputError, Problem
 
 InputType = Literal["string", "integer", "number", "boolean", "array", "object", "any"]
@@ -277,17 +277,6 @@ class Definition(_Model):
     def digest(self) -> str:
         """sha256 of the canonical JSON of the normalised definition."""
         return definition_hash(self.to_json())
-
-
-def canonical(value: Any) -> bytes:
-    """Canonical JSON, the form every hash covers: sorted keys, no whitespace, UTF-8."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      default=str).encode()
-
-
-def definition_hash(data: dict[str, Any]) -> str:
-    """sha256 hex digest of canonical JSON (sorted keys, no whitespace)."""
-    return hashlib.sha256(canonical(data)).hexdigest()
 
 
 def parse_text(text: str, source: str = "<text>") -> dict[str, Any]:

@@ -4,9 +4,9 @@ executor drives like a step list, but which decides with its own readiness rules
 :func:`compile_graph` validates the document (pydantic models mirroring seed 004, unknown
 keys are errors, plus every check of seed 004's ``validate_graph``) and returns a
 :class:`GraphPlan`, a :class:`saga.plan.Plan` whose ``definition`` holds one synthesised
-step per node and whose :meth:`GraphPlan.decide` is pure: it reads only the run's history.
+step per node; :mod:`saga.scheduler.graph` decides over it from the run's history alone.
 
-Choices where seed 004 is silent (each is tested in tests/test_graph.py):
+Choices where seed 004 is silent (each is tested in tests/composition/test_graph_form.py):
 
 * **Loops.** A loop edge must start at a branch node. Taking it re-activates its *body*
   (the nodes on a path from its target back to the branch): a node's current execution
@@ -39,27 +39,27 @@ Choices where seed 004 is silent (each is tested in tests/test_graph.py):
 * **Extensions**: ``task_config.compensate`` and ``task_config.retry`` (as in the
   step-list form). ``gates`` and ``worktree_id`` are passed to the role's tool;
   ``parallel_config.wait_for`` and ``gate_config.auto_approve`` are recorded only.
+
+This module is the language and its checks; the readiness rules that carry these choices
+out are :mod:`saga.scheduler.graph`.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
-import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from saga import expressions, scheduler
-from saga.definition import Definition, ErrorHandling, RetryPolicy, Step, ToolCall, definition_hash
-from saga.domain import Run, step_key
+from saga import expressions
+from saga.chain import definition_hash
+from saga.composition.definition import Definition, ErrorHandling, RetryPolicy, Step, ToolCall
+from saga.composition.plan import Plan
 from saga.errors import DefinitionError, Problem
-from saga.nesting import child_run_id
-from saga.plan import Plan
 
-MAX_REACHED = "max_iterations_reached"
 _TYPES = ("task", "gate", "branch", "merge", "parallel", "subgraph", "human")
 _OPS = Literal["==", "!=", ">", "<", ">=", "<=", "in", "not_in", "contains", "starts_with",
                "ends_with"]
@@ -459,7 +459,8 @@ def _step(model: WorkflowGraph, node: Node) -> Step:
 @dataclass(frozen=True)
 class GraphPlan(Plan):
     """A compiled graph: the Plan interface (``graph`` holds the non-loop edges, so levels
-    and the critical path ignore loops) plus :meth:`decide`, the graph's readiness rules."""
+    and the critical path ignore loops), with the graph's nodes, edges and loops at hand
+    for its scheduler (:mod:`saga.scheduler.graph`)."""
 
     model: WorkflowGraph
 
@@ -487,347 +488,3 @@ class GraphPlan(Plan):
         """Each loop edge with its body, by edge id."""
         return {e.id: (e, frozenset(_body(self.graph, e)))
                 for e in self.model.edges if e.is_loop_edge}
-
-    def decide(self, run: Run) -> list[scheduler.Action]:
-        """What the run does next, from its recorded history alone (pure)."""
-        return [] if run.is_finished else _Decision(self, run).actions()
-
-
-def _lookup(value: Any, path: str) -> tuple[bool, Any]:
-    for part in path.split("."):
-        if isinstance(value, dict) and part in value:
-            value = value[part]
-        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
-            value = value[int(part)]
-        else:
-            return False, None
-    return True, value
-
-
-def _holds(cond: TransitionCondition | LoopCondition, value: Any, source: str = "") -> bool:
-    found, actual = _lookup(value, cond.field)
-    if not found and source and cond.field.startswith(source + "."):
-        found, actual = _lookup(value, cond.field[len(source) + 1:])  # "node.field" form
-    want = cond.value
-    try:
-        return found and bool({
-            "==": lambda: actual == want, "!=": lambda: actual != want,
-            ">": lambda: actual > want, "<": lambda: actual < want,
-            ">=": lambda: actual >= want, "<=": lambda: actual <= want,
-            "in": lambda: actual in want, "not_in": lambda: actual not in want,
-            "contains": lambda: isinstance(actual, str | list | dict) and want in actual,
-            "starts_with": lambda: isinstance(actual, str) and actual.startswith(want),
-            "ends_with": lambda: isinstance(actual, str) and actual.endswith(want),
-        }[cond.operator]())
-    except TypeError:
-        return False
-
-
-def _describe(cond: TransitionCondition | LoopCondition) -> str:
-    return f"{cond.field} {cond.operator} {cond.value!r}"
-
-
-Contribution = tuple[str, Any, str | None]  # name, data, key of the source instance
-
-
-class _Decision:
-    """One call of :meth:`GraphPlan.decide`, with the run's state read once."""
-
-    def __init__(self, plan: GraphPlan, run: Run) -> None:
-        self.plan, self.run = plan, run
-        self.instances: dict[str, dict[int, dict[str, Any]]] = {}
-        for state in run.steps.values():
-            self.instances.setdefault(state["step_id"], {})[state["iteration"]] = state
-        self.position = {key: i for i, key in enumerate(run.completion_order)}
-        # Each loop's takes (completed branch instances its edge fired from), oldest first.
-        self.takes: dict[str, list[tuple[int, str]]] = {}
-        for eid, (edge, _) in plan.loops.items():
-            keys = [step_key(edge.source, s["iteration"])
-                    for s in self.instances.get(edge.source, {}).values()
-                    if s["status"] == "completed" and self.fires(edge, s["output"])]
-            self.takes[eid] = sorted((self.position.get(key, -1), key) for key in keys)
-        self.index = {n: sum(len(self.takes[eid]) for eid, (_, body) in plan.loops.items()
-                             if n in body) for n in plan.nodes}
-
-    def state(self, node: str, iteration: int | None = None) -> dict[str, Any]:
-        """A node's state at an iteration (default: its current one)."""
-        i = self.index[node] if iteration is None else iteration
-        return self.instances.get(node, {}).get(i) or {"status": "pending", "iteration": i}
-
-    def fires(self, edge: Edge, output: Any) -> bool:
-        """Whether an edge fires from a completed instance of its source."""
-        if self.plan.nodes[edge.source].type == "branch":
-            output = output if isinstance(output, dict) else {}
-            if edge.is_loop_edge and output.get("branch_outcome") == MAX_REACHED:
-                return False  # the bound holds whatever the edge's condition says
-            if edge.condition is None:
-                return output.get("target") == edge.target
-        if edge.condition is None:
-            return True
-        return _holds(edge.condition, self.data(edge.source, output, raw=True), edge.source)
-
-    def data(self, node_id: str, output: Any, edge: Edge | None = None,
-             raw: bool = False) -> Any:
-        """What an instance's output offers: to conditions (``raw``) the output, or a
-        subgraph's (mapped) child outputs; as data, routing nodes pass their input on."""
-        node = self.plan.nodes[node_id]
-        value = output
-        if node.subgraph_config is not None and isinstance(output, dict):
-            value, mapping = output.get("outputs"), node.subgraph_config.output_mapping
-            if mapping:
-                value = {k: _lookup(value, path)[1] for k, path in mapping.items()}
-        elif node.type in ("branch", "parallel", "human") and not raw:
-            value = output.get("input") if isinstance(output, dict) else None
-        if edge is not None and edge.data_mapping:
-            value = {k: _lookup(value, src)[1] for k, src in edge.data_mapping.items()}
-        return value
-
-    def edge(self, e: Edge) -> tuple[str, str]:
-        """``live``, ``dead`` (with why) or ``open``, for the source's current instance."""
-        s = self.state(e.source)
-        if s["status"] == "completed":
-            if self.fires(e, s["output"]):
-                return "live", ""
-            if e.condition is None:
-                return "dead", f"edge {e.id}: branch {e.source!r} chose " \
-                               f"{s['output'].get('target')!r}"
-            return "dead", f"edge {e.id}: condition {_describe(e.condition)} is false"
-        if s["status"] == "skipped" or (s["status"] == "failed"
-                                        and not scheduler._retry_pending(s)):
-            verb = "was skipped" if s["status"] == "skipped" else "failed"
-            return "dead", f"edge {e.id}: upstream node {e.source!r} {verb}"
-        return "open", ""
-
-    def incoming(self, v: str, i: int) -> tuple[str, list[Contribution], str]:
-        """(``ready``/``wait``/``skip``, what flows in, why skipped) for instance i of v."""
-        node, plan = self.plan.nodes[v], self.plan
-        live: list[Contribution] = []
-        if v == plan.model.entry_point:
-            live.append(("input", self.run.inputs.get("input", self.run.inputs), None))
-        inside: frozenset[str] | None = None  # the body that re-activated this instance
-        activator: Contribution | None = None
-        latest = max(((self.takes[eid][-1], eid) for eid, (_, body) in plan.loops.items()
-                      if v in body and self.takes[eid]), default=None) if i else None
-        if latest is not None:
-            (_, key), eid = latest
-            loop, inside = plan.loops[eid]
-            if loop.target == v:
-                out = self.run.steps[key]["output"]
-                activator = (loop.source, self.data(loop.source, out, loop), key)
-        any_live = bool(live) or activator is not None
-        dead: list[str] = []
-        waiting = False
-        for e in plan.incoming[v]:
-            status, why = self.edge(e)
-            # Under `any`, a re-run waits for its own body, not for edges fired long ago.
-            counts = inside is None or e.source in inside or node.wait_rule == "all"
-            if status == "live":
-                s = self.state(e.source)
-                live.append((e.source, self.data(e.source, s["output"], e),
-                             step_key(e.source, s["iteration"])))
-                any_live = any_live or counts
-            elif status == "dead" and counts:
-                dead.append(why)
-            elif status == "open" and counts:
-                waiting = True
-        live += [activator] if activator else []
-        if node.wait_rule == "all":
-            if dead:
-                return "skip", live, "; ".join(dead)
-            return ("wait" if waiting else "ready"), live, ""
-        if any_live:
-            return "ready", live, ""
-        return ("wait" if waiting else "skip"), live, \
-            "no incoming edge can fire: " + "; ".join(dead)
-
-    def actions(self) -> list[scheduler.Action]:
-        """Compensate, stop after a failure, start or decide what is ready, or finish."""
-        run, plan = self.run, self.plan
-        if run.compensation is not None:
-            return self.compensation()
-        failed = self.failed()
-        if failed is not None and plan.definition.error_handling.failure_strategy == "fail_fast":
-            return [] if self.busy() else self.after_failure(failed)
-        starts: list[scheduler.Action] = [
-            scheduler.StartStep(s["step_id"], s["iteration"], s["attempt"] + 1,
-                                s["parameters"], not_before=s["retry_at"])
-            for s in run.steps.values() if scheduler._retry_pending(s) and "parameters" in s]
-        slots = plan.definition.max_concurrency - self.busy()
-        for v in plan.order:
-            state = self.state(v)
-            # A failure decided here, before any call, is decided again on a redrive.
-            redo = scheduler._retry_pending(state) and "parameters" not in state
-            if state["status"] != "pending" and not redo:
-                continue
-            action = self.ready(v, self.index[v])
-            if isinstance(action, scheduler.StartStep):
-                if slots > 0:
-                    slots -= 1
-                    starts.append(action)
-            elif isinstance(action, scheduler.RequestApproval):
-                starts.append(action)
-            elif action is not None:
-                # One structural decision at a time: it may change what else is ready
-                # (a loop re-activates its body), and replay checks each against decide.
-                return [action]
-        if starts or self.busy() or run.pending_approvals:
-            return starts
-        return self.after_failure(failed) if failed is not None else [self.finish()]
-
-    def ready(self, v: str, i: int) -> scheduler.Action | None:
-        """What to do with a pending instance: start, decide, skip it, or wait (None)."""
-        status, live, reason = self.incoming(v, i)
-        if status != "ready":
-            return scheduler.SkipStep(v, i, reason) if status == "skip" else None
-        node = self.plan.nodes[v]
-        data = live[0][1] if len(live) == 1 else {name: value for name, value, _ in live}
-        if node.task_config is not None:
-            task = node.task_config
-            text = data if isinstance(data, str) else json.dumps(
-                data, sort_keys=True, ensure_ascii=False, default=str)
-            params: dict[str, Any] = {"task": task.task_template.replace("{input}", text)}
-            params.update({k: x for k, x in (("gates", task.gates),
-                                             ("worktree_id", task.worktree_id)) if x})
-            return scheduler.StartStep(node.id, i, 1, params)
-        if node.gate_config is not None:
-            return scheduler.StartStep(node.id, i, 1, {"input": data})
-        if node.subgraph_config is not None:
-            return self.subgraph(node, i, data)
-        if node.branch_config is not None:
-            return self.branch(node, i, live, data)
-        if node.human_config is not None:
-            return self.human(node, i, data)
-        if node.parallel_config is not None:
-            output = {"branches": node.parallel_config.branches, "input": data}
-        else:
-            output = self.merge(node, live)
-        return scheduler.CompleteStep(node.id, i, output)
-
-    def subgraph(self, node: Node, i: int, data: Any) -> scheduler.Action:
-        config = node.subgraph_config
-        assert config is not None
-        inputs = data if isinstance(data, dict) else {"input": data}
-        if config.input_mapping:
-            names, inputs = {"input": data, "inputs": self.run.inputs}, {}
-            for name, path in config.input_mapping.items():
-                found, inputs[name] = _lookup(names, path)
-                if not found:
-                    return scheduler.FailStep(node.id, i, 1, "ExpressionError",
-                                              f"input_mapping.{name}: nothing at {path!r}")
-        return scheduler.StartStep(node.id, i, 1, {
-            "use": config.workflow_name, "inputs": inputs,
-            "run": child_run_id(self.run.run_id, node.id, i)})
-
-    def branch(self, node: Node, i: int, live: list[Contribution],
-               data: Any) -> scheduler.Action:
-        """The branch's decision, bounded by ``max_iterations``."""
-        config = node.branch_config
-        assert config is not None
-        # The condition reads its sources' outputs as edge conditions do (a human's
-        # ``approved``, a gate's ``test_status``), or by source (``test.test_status``).
-        outputs = {name: value if key is None else
-                   self.data(name, self.run.steps[key]["output"], raw=True)
-                   for name, value, key in live}
-        names = dict(outputs)
-        for value in outputs.values():
-            names.update(value if isinstance(value, dict) else {})
-        holds = _holds(config.condition, names)
-        outcome, target = ("on_true", config.on_true) if holds else ("on_false", config.on_false)
-        loops = [edge for edge, _ in self.plan.loops.values() if edge.source == node.id]
-        count = 0  # how many instances just before this one took the loop, in a row
-        while count < i:
-            before = self.state(node.id, i - count - 1)
-            if before["status"] != "completed" \
-                    or not any(self.fires(e, before["output"]) for e in loops):
-                break
-            count += 1
-        if any(e.target == target for e in loops) and count >= config.condition.max_iterations:
-            exit_on_false = not any(e.target == config.on_false for e in loops)
-            outcome, target = MAX_REACHED, config.on_false if exit_on_false else None
-        output = {"branch_outcome": outcome, "target": target, "iteration": count, "input": data}
-        onward = [e for e in self.plan.model.edges if e.source == node.id]
-        if outcome == MAX_REACHED and not any(self.fires(e, output) for e in onward):
-            return scheduler.FailStep(node.id, i, 1, "MaxIterationsReached",
-                                      f"branch {node.id!r} reached max_iterations "
-                                      f"({config.condition.max_iterations} loops) and "
-                                      f"{_describe(config.condition)} still does not hold")
-        return scheduler.CompleteStep(node.id, i, output)
-
-    def human(self, node: Node, i: int, data: Any) -> scheduler.Action | None:
-        config = node.human_config
-        assert config is not None
-        key = step_key(node.id, i)
-        approval = self.run.approvals.get(key)
-        if approval is None:
-            text = f"{config.title}: {config.description}" if config.description else config.title
-            return scheduler.RequestApproval(key, text)
-        if approval["status"] == "requested":
-            return None
-        return scheduler.CompleteStep(node.id, i, {
-            "approved": approval["status"] == "granted", "actor": approval.get("actor"),
-            "comment": approval.get("comment"), "input": data})
-
-    def merge(self, node: Node, live: list[Contribution]) -> Any:
-        """The inputs merged by the strategy, in the order their sources completed."""
-        strategy = (node.merge_config or MergeNodeConfig()).merge_strategy
-        ordered = sorted(live, key=lambda c: self.position.get(c[2] or "", -1))
-        if strategy == "first":
-            return ordered[0][1] if ordered else None
-        parts = [v if isinstance(v, dict) else {name: v} for name, v, _ in ordered]
-        merged = {k: v for part in parts for k, v in part.items()}  # later inputs win
-        if strategy == "intersection":
-            common = set.intersection(*(set(p) for p in parts)) if parts else set()
-            merged = {k: v for k, v in merged.items() if k in common}
-        return merged
-
-    def busy(self) -> int:
-        """Instances running or waiting for their retry."""
-        return sum(1 for s in self.run.steps.values()
-                   if s["status"] == "running" or scheduler._retry_pending(s))
-
-    def failed(self) -> str | None:
-        """The first instance that failed for good."""
-        return next((key for key, s in self.run.steps.items()
-                     if s["status"] == "failed" and not scheduler._retry_pending(s)), None)
-
-    def latest_outputs(self) -> dict[str, Any]:
-        """Each node's latest completed (or compensated) output."""
-        out: dict[str, Any] = {}
-        for node in self.plan.nodes:
-            for _, s in sorted(self.instances.get(node, {}).items()):
-                if s["status"] in ("completed", "compensated"):
-                    out[node] = s["output"]
-        return out
-
-    def after_failure(self, key: str) -> list[scheduler.Action]:
-        error = self.run.steps[key].get("error") or {}
-        to_undo = scheduler.compensation_order(self.plan, self.run)
-        if to_undo:
-            reason = f"node {key!r} failed: {error.get('message', '')}"
-            return [scheduler.StartCompensation(reason, to_undo)]
-        return [scheduler.FinishRun("failed", self.latest_outputs(), dict(error, step=key), key)]
-
-    def compensation(self) -> list[scheduler.Action]:
-        comp = self.run.compensation
-        assert comp is not None
-        if any(key not in comp["done"] for key in comp["steps"]):
-            return scheduler._compensation(scheduler._View(self.plan, self.run))
-        failed = self.failed()
-        error = dict(self.run.steps[failed].get("error") or {}, step=failed) \
-            if failed else {"message": comp["reason"]}
-        broken = [k for k, v in comp["done"].items() if v == "failed"]
-        if comp.get("cancel") and not broken:
-            return [scheduler.FinishRun("cancelled", error={"message": comp["reason"]},
-                                        actor=comp.get("actor"))]
-        status = "failed" if broken else "compensated"
-        error = dict(error, compensation_failed=broken) if broken else error
-        return [scheduler.FinishRun(status, self.latest_outputs(), error, failed)]
-
-    def finish(self) -> scheduler.FinishRun:
-        exits = self.plan.model.exit_points
-        stuck = [x for x in exits if self.state(x)["status"] not in ("completed", "skipped")]
-        if stuck:  # a safety net: every node is eventually decided, so this is a bug
-            return scheduler.FinishRun("failed", self.latest_outputs(), {
-                "type": "Stalled", "message": f"exit point {stuck[0]!r} never finished"})
-        return scheduler.FinishRun("completed",
-                                   {x: self.state(x).get("output") for x in exits})

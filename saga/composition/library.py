@@ -1,4 +1,4 @@
-"""The template library: ready compositions in the repository's ``templates/`` folder.
+"""The template library: ready compositions shipped in the package's ``templates/`` folder.
 
 A template is an ordinary composition file (``.yaml``, ``.yml`` or ``.json``) whose
 ``metadata`` says what it is for: ``{title, category, tags, required_tools}``, and
@@ -7,8 +7,7 @@ found by its file stem (``money-transfer``). ``SAGA_TEMPLATES`` (directories sep
 ``os.pathsep``) or saga.toml ``templates = ["dir", ...]`` add folders of one's own; they
 are searched before the built-in folder, so a file of the same stem overrides a built-in.
 
-Statistics come from the read model (:mod:`saga.projection`): the runs whose recorded
-``definition_name`` is the template's ``name``.
+How often each template ran, and how well, is :mod:`saga.report`'s business.
 """
 
 from __future__ import annotations
@@ -18,19 +17,15 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from saga.composition.definition import load_file
 from saga.config import Settings
-from saga.definition import load_file
 from saga.errors import ConfigError, DefinitionError
 
-if TYPE_CHECKING:
-    from saga.api import Saga
-
-#: The built-in templates: the ``templates/`` folder next to the ``saga`` package.
+#: The built-in templates: package data, so an installed wheel has them too.
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 SUFFIXES = (".yaml", ".yml", ".json")
-FINISHED = ("completed", "failed", "compensated", "cancelled")
 
 
 @dataclass(frozen=True)
@@ -125,51 +120,3 @@ def find_template(name: str, settings: Settings | None = None) -> Path:
     hint = f"did you mean {', '.join(close)}?" if close else \
         f"known templates: {', '.join(sorted(files)) or 'none'}"
     raise ConfigError(f"unknown template {name!r}; {hint} (see `saga templates list`)")
-
-
-def _runs(saga: Saga) -> list[dict[str, Any]]:
-    """Every row of the read model's ``saga_runs``, after catching up with the log."""
-    from saga.projection import Projection
-
-    projection = Projection(saga.app)
-    try:
-        projection.catch_up()
-        return projection.runs(limit=None)
-    finally:
-        projection.close()
-
-
-def _stats(info: TemplateInfo, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    rows = [r for r in rows if r["definition_name"] == info.definition_name]
-    by_status: dict[str, int] = {}
-    for row in rows:
-        by_status[row["status"]] = by_status.get(row["status"], 0) + 1
-    finished = [r for r in rows if r["status"] in FINISHED]
-    durations = [int(r["duration_ms"]) for r in finished if r["duration_ms"] is not None]
-    return {
-        "template": info.name,
-        "definition_name": info.definition_name,
-        "runs": len(rows),
-        "finished": len(finished),
-        "by_status": by_status,
-        "success_rate": (by_status.get("completed", 0) / len(finished)) if finished else None,
-        "mean_duration_ms": (sum(durations) / len(durations)) if durations else None,
-        "last_run_at": max((r["started_at"] for r in rows if r["started_at"]), default=None),
-    }
-
-
-def template_stats(saga: Saga, name: str) -> dict[str, Any]:
-    """Runs of one template from the read model: ``runs``, ``finished``, ``by_status``,
-    ``success_rate`` (completed over finished runs: completed, failed, compensated or
-    cancelled; None before any), ``mean_duration_ms`` of finished runs and
-    ``last_run_at``. Runs count when their ``definition_name`` is the template's name."""
-    return _stats(read_template(find_template(name, saga.settings)), _runs(saga))
-
-
-def templates_stats(saga: Saga, templates: list[TemplateInfo] | None = None
-                    ) -> dict[str, dict[str, Any]]:
-    """:func:`template_stats` of many templates (default: every one) by template name,
-    reading the read model once."""
-    rows = _runs(saga)
-    infos = templates if templates is not None else list_templates(saga.settings)
-    return {info.name: _stats(info, rows) for info in infos}

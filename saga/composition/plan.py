@@ -20,7 +20,7 @@ import networkx as nx
 from pydantic import ValidationError
 
 from saga import expressions
-from saga.definition import Definition, Step, build
+from saga.composition.definition import Definition, Step, build
 from saga.errors import DefinitionError, ExpressionError, Problem
 
 #: Names every expression may use besides step outputs.
@@ -89,17 +89,6 @@ class Plan:
 
 def _expected_ms(step: Step) -> float:
     return float(step.timeout_seconds * 1000) if step.timeout_seconds else 1.0
-
-
-def compile_any(data: dict[str, Any], *, tools: Collection[str] | Mapping[str, Any] | None = None,
-                source: str | None = None) -> Any:
-    """Compile either form: the graph form (``nodes``/``edges``, seed 004) or the step-list
-    form. Both give a plan the scheduler and executor drive the same way."""
-    if isinstance(data, dict) and "nodes" in data and "steps" not in data:
-        from saga.graph import compile_graph
-
-        return compile_graph(data, tools=tools, source=source)
-    return compile_plan(data, tools=tools, source=source)
 
 
 def compile_plan(data: dict[str, Any] | Definition, *,

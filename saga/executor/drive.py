@@ -1,11 +1,5 @@
-"""Performing what the scheduler decides: calling tools, timing out, retrying, recording.
-
-The executor never decides. Each turn it asks :func:`saga.scheduler.decide` for actions,
-turns them into events on the run, appends them in one commit (so a step's completion
-and the starts of the steps it unblocks cost one append), and only then calls the tools
-it just recorded as started (promise 1: ``StepStarted`` is durable before a tool runs).
-Clock, sleep and jitter are injected so tests can replace them.
-"""
+"""One drive of one run: the loop of decide, record, save, perform (see
+:mod:`saga.executor`)."""
 
 from __future__ import annotations
 
@@ -16,39 +10,29 @@ import logging
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Protocol
 
 import tenacity
 
-from saga import expressions, nesting, scheduler, secrets
-from saga.application import SagaApplication
-from saga.cache import ToolCache
-from saga.definition import RetryPolicy, Step
+from saga import expressions, scheduler, secrets
+from saga.composition import Plan
+from saga.composition.definition import RetryPolicy, Step
 from saga.domain import Run, idempotency_key, step_key
 from saga.errors import ExpressionError, LeaseLostError, ToolError
-from saga.plan import Plan, compile_any
-from saga.scheduler import (
-    CompensateStep,
-    CompleteStep,
-    FailStep,
-    FinishRun,
-    RequestApproval,
-    RunRemedy,
-    SkipStep,
-    StartCompensation,
-    StartLoop,
-    StartStep,
-)
-from saga.tools import Registry, ToolContext
+from saga.executor import nesting
+from saga.scheduler import CompensateStep, Recorded, RunRemedy, StartStep
+from saga.tools import ToolContext
+
+if TYPE_CHECKING:
+    from saga.executor import Executor
 
 log = logging.getLogger("saga.executor")
 
 
 class LeaseLike(Protocol):
-    """What the executor needs of a run's lease (see :class:`saga.recovery.Lease`)."""
+    """What the executor needs of a run's lease (see :class:`saga.store.leases.Lease`)."""
 
     renew_every: float
 
@@ -98,46 +82,7 @@ def retry_delay(policy: RetryPolicy, attempt: int) -> float:
     return float(wait_strategy(policy)(state))
 
 
-def _now() -> datetime:
-    return datetime.now(UTC)
-
-
-class Executor:
-    """Drives runs of one application with a registry of tools."""
-
-    def __init__(self, app: SagaApplication, registry: Registry, *, worker: str | None = None,
-                 clock: Callable[[], datetime] = _now, on_events: EventHook | None = None,
-                 max_threads: int = 16, cache: ToolCache | None = None) -> None:
-        self.app = app
-        self.cache = cache
-        self.registry = registry
-        self.worker = worker
-        self.clock = clock
-        self.on_events = on_events
-        self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="saga-tool")
-
-    def close(self) -> None:
-        """Stop the tool thread pool."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
-    def plan_for(self, run: Run) -> Plan:
-        """The plan of the definition recorded in the run (never a file edited since)."""
-        return plan_for(run)
-
-    def drive(self, run: Run, lease: LeaseLike | None = None) -> Run:
-        """Drive a run until it finishes or waits (for an approval); returns its state.
-
-        With a ``lease``, it is renewed while the run is driven, and the drive stops with
-        LeaseLostError if another worker took the run over.
-        """
-        return asyncio.run(self.drive_async(run, lease))
-
-    async def drive_async(self, run: Run, lease: LeaseLike | None = None) -> Run:
-        """Async form of :meth:`drive`."""
-        return await _Drive(self, run, self.plan_for(run), lease).go()
-
-
-class _Drive:
+class Drive:
     """One drive of one run: the loop of decide, record, save, perform."""
 
     def __init__(self, executor: Executor, run: Run, plan: Plan,
@@ -204,34 +149,19 @@ class _Drive:
                 return launches
 
     def _apply(self, action: scheduler.Action) -> tuple[str, Any] | None:
-        run = self.run
+        """Record a decision; return what to launch for those a tool performs."""
         if isinstance(action, StartStep):
             return self._start(action)
-        if isinstance(action, StartLoop):
-            parameters = action.items if isinstance(action.items, dict) else {
-                "items": action.items}
-            run.start_step(action.step_id, 0, 1, parameters, self.x.worker)
-        elif isinstance(action, CompleteStep):
-            run.complete_step(action.step_id, action.iteration, 1, action.output, 0)
-        elif isinstance(action, SkipStep):
-            run.skip_step(action.step_id, action.iteration, action.reason)
-        elif isinstance(action, FailStep):
-            run.fail_step(action.step_id, action.iteration, action.attempt, action.error_type,
-                          action.message, action.retry_at is not None, action.retry_at)
-        elif isinstance(action, RequestApproval):
-            run.request_approval(action.step_id, action.message)
-        elif isinstance(action, StartCompensation):
-            run.start_compensation(action.reason, action.steps)
-        elif isinstance(action, CompensateStep):
+        if isinstance(action, CompensateStep):
             return self._compensate(action)
-        elif isinstance(action, RunRemedy):
+        if isinstance(action, RunRemedy):
             marker = ("remedy", action.step_id, action.iteration, action.index)
             if marker not in self.remedies:
                 self.remedies.add(marker)
                 return ("remedy", action)
-        elif isinstance(action, FinishRun):
-            run.finish(action.status, action.outputs, action.error, action.failed_step,
-                       action.actor)
+            return None
+        recorded: Recorded = action
+        recorded.record(self.run, self.x.worker)
         return None
 
     def _start(self, action: StartStep) -> tuple[str, Any] | None:
@@ -244,8 +174,7 @@ class _Drive:
                     self.timers.add(marker)
                     return ("timer", (action, delay))
                 return None
-        self.run.start_step(action.step_id, action.iteration, action.attempt,
-                            action.parameters, self.x.worker)
+        action.record(self.run, self.x.worker)
         return ("step", action)
 
     def _compensate(self, action: CompensateStep) -> tuple[str, Any] | None:
@@ -313,7 +242,7 @@ class _Drive:
     def _launch(self, kind: str, payload: Any) -> None:
         if kind == "timer":
             action, delay = payload
-            coro = _timer(action, delay)
+            coro = self._timer(action, delay)
             ident = (kind, action.step_id, action.attempt)
         elif kind == "step":
             coro = self._call_step(payload)
@@ -325,6 +254,10 @@ class _Drive:
             coro = self._call_compensation(payload)
             ident = (kind, payload.step_id, 0)
         self.tasks[asyncio.ensure_future(coro)] = ident
+
+    async def _timer(self, action: StartStep, delay: float) -> Outcome:
+        await self.x.sleep(delay)
+        return Outcome("timer", action.step_id, action.iteration, action.attempt)
 
     async def _call_step(self, action: StartStep) -> Outcome:
         step = self.plan.step(action.step_id)
@@ -461,20 +394,6 @@ class _Drive:
         return await loop.run_in_executor(self.x._pool, func, *args)
 
 
-_PLANS: dict[str, Plan] = {}
-
-
-def plan_for(run: Run) -> Plan:
-    """The compiled plan of a run's recorded definition, cached by its hash (a plan is
-    immutable and the same for every run of one definition)."""
-    plan = _PLANS.get(run.definition_hash)
-    if plan is None:
-        if len(_PLANS) > 256:
-            _PLANS.clear()
-        plan = _PLANS[run.definition_hash] = compile_any(run.definition)
-    return plan
-
-
 def _concealed(error: BaseException | None, values: dict[str, str]) -> BaseException:
     """The same failure, with any secret value in its message replaced by its marker."""
     if isinstance(error, ToolError):
@@ -499,11 +418,6 @@ def _default_policy(plan: Plan) -> RetryPolicy:
     if plan.definition.error_handling.failure_strategy == "retry":
         return RetryPolicy(delay=0.5, multiplier=2.0)
     return _DEFAULT_RETRY
-
-
-async def _timer(action: StartStep, delay: float) -> Outcome:
-    await asyncio.sleep(delay)
-    return Outcome("timer", action.step_id, action.iteration, action.attempt)
 
 
 def _failure(kind: str, step_id: str, iteration: int, attempt: int, e: Exception,

@@ -9,61 +9,14 @@ output. Children are driven only through their parents (workers skip them).
 
 from __future__ import annotations
 
-import uuid
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from saga import secrets
-from saga.definition import load_file, resolve_inputs
-from saga.errors import DefinitionError, Problem, RunNotFoundError, ToolError
-
-if TYPE_CHECKING:
-    from saga.domain import Run
-
-_NAMESPACE = uuid.UUID("0b7d2c1e-5a4f-4f7e-9d61-2f8a3c9e1b55")
-
-
-def child_run_id(parent_run_id: str, step_id: str, iteration: int) -> str:
-    """The id of the child run a ``use`` step starts (the same on every re-execution)."""
-    return str(uuid.uuid5(_NAMESPACE, f"{parent_run_id}:{step_id}:{iteration}"))
-
-
-def resolve(use: str) -> Path:
-    """The composition a ``use`` names: a file (absolute or relative to the working
-    directory), else a template by name."""
-    path = Path(use)
-    if path.is_file():
-        return path
-    try:
-        from saga.templates import find_template
-    except ImportError:  # pragma: no cover - the template library ships with saga
-        find_template = None
-    if find_template is not None:
-        try:
-            return find_template(use)
-        except Exception as e:
-            raise DefinitionError([Problem("use", f"no composition file or template {use!r}: "
-                                                  f"{e}")]) from e
-    raise DefinitionError([Problem("use", f"no composition file or template {use!r}")])
-
-
-def load_child(use: str, tools: Any, seen: tuple[str, ...] = ()) -> Any:
-    """Load and validate a nested composition (and, recursively, the ones it uses)."""
-    from saga.plan import compile_any
-
-    path = resolve(use)
-    key = str(path.resolve())
-    if key in seen:
-        chain = " -> ".join([*seen, key])
-        raise DefinitionError([Problem("use", f"compositions use each other in a cycle: {chain}")])
-    plan = compile_any(load_file(path), tools=tools, source=str(path))
-    for step in plan.definition.steps:
-        if step.use is not None:
-            load_child(step.use, tools, (*seen, key))
-        if step.confirm or plan.definition.confirmations:
-            raise DefinitionError([Problem("use", f"{path} waits for approvals, which a "
-                                                  "nested composition cannot do")])
-    return plan
+from saga.composition import load_child, plan_of
+from saga.composition.definition import resolve_inputs
+from saga.domain import Run
+from saga.errors import RunNotFoundError, ToolError
+from saga.scheduler import compensation_order
 
 
 async def run_child(executor: Any, parent: Run, step_id: str, iteration: int,
@@ -96,11 +49,9 @@ async def run_child(executor: Any, parent: Run, step_id: str, iteration: int,
 
 async def compensate_child(executor: Any, parent: Run, output: Any) -> dict[str, Any]:
     """Undo a completed child run (its own compensations, in its own reverse order)."""
-    from saga.scheduler import compensation_order
-
     child = executor.app.get_run(output["run_id"])
     if child.status == "completed":
-        order = compensation_order(executor.plan_for(child), child)
+        order = compensation_order(plan_of(child), child)
         child.start_compensation(f"parent run {parent.run_id} is compensating", order,
                                  parent.actor)
         executor.app.save_run(child)

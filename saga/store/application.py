@@ -17,7 +17,6 @@ from eventsourcing.application import AggregateNotFoundError, Application
 from eventsourcing.persistence import IntegrityError, PersistenceError
 
 from saga.config import Settings
-from saga.database import DDL_LOCK, connect_postgres
 from saga.domain import Run, iso
 from saga.errors import (
     ConcurrentWriteError,
@@ -25,6 +24,7 @@ from saga.errors import (
     StoreUnavailableError,
     first_line,
 )
+from saga.store.side_tables import DDL_LOCK, connect_postgres
 
 _ENVELOPE = ("originator_id", "originator_version", "timestamp", "originator_topic",
              "prev_hash", "payload_hash", "mac")

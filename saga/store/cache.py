@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from saga.database import Database
-from saga.domain import canonical
+from saga.chain import canonical
+from saga.store.side_tables import Database
 
 CACHE_DDL = ("""CREATE TABLE IF NOT EXISTS saga_cache (
     key TEXT PRIMARY KEY, tool TEXT NOT NULL, run_id TEXT NOT NULL, step_id TEXT NOT NULL,

@@ -1,4 +1,4 @@
-"""Tools: named callables ``(params, ctx) -> JSON value``, their registry and loading.
+"""What a tool is: named callables ``(params, ctx) -> JSON value``, and their registry.
 
 A tool is registered with :func:`tool` (a decorator), from the ``saga.tools``
 entry-point group, or by importing a module named with ``--tools``, ``SAGA_TOOLS`` or
@@ -15,22 +15,18 @@ parameters are reported when a composition is loaded, before anything runs.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import logging
-import os
-import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Protocol
 
-from saga.errors import ConfigError, UnknownToolError
+from saga.errors import UnknownToolError
 from saga.tools import schema as _schema
 
 if TYPE_CHECKING:
-    from saga.config import Settings
+    pass
 
 ToolFunc = Callable[..., Any]
 #: A JSON-schema-like description of a tool's parameters (see :mod:`saga.tools.schema`).
@@ -241,48 +237,3 @@ def tool(name: str, *, compensate: ToolFunc | None = None,
         return func
 
     return register
-
-
-def import_modules(modules: Iterable[str]) -> None:
-    """Import modules of tools (their ``@tool`` decorators register them).
-
-    The working directory is importable, as it is for ``python -m``, so ``--tools mytools``
-    finds ``./mytools.py`` when saga runs from its console script.
-    """
-    if os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())
-    for module in modules:
-        module = module.strip()
-        if not module:
-            continue
-        try:
-            importlib.import_module(module)
-        except ImportError as e:
-            raise ConfigError(f"cannot import tools module {module!r}: {e}") from e
-
-
-def load_registry(modules: Iterable[str] = (), settings: Settings | None = None) -> Registry:
-    """Built-ins, MCP servers' tools, entry-point tools and decorated tools (after
-    importing ``modules``).
-
-    ``settings`` supplies ``saga.toml`` (``Settings.file``): the shell allowlist, SQL
-    connections, file limits and ``[mcp.servers.NAME]``. Without it built-ins use their
-    defaults plus the environment (``SAGA_SHELL_ALLOW``) and no MCP server is declared.
-    """
-    from saga.tools import builtin, mcp
-
-    config: Mapping[str, Any] = settings.file if settings is not None else {}
-    import_modules(modules)
-    registry = Registry(builtin.builtin_tools(config), mcp.providers(config))
-    for ep in entry_points(group="saga.tools"):
-        try:
-            loaded = ep.load()
-        except Exception as e:  # a broken plugin must not hide the others
-            raise ConfigError(f"cannot load tool entry point {ep.name!r}: {e}") from e
-        if isinstance(loaded, Tool):
-            registry.add(loaded)
-        elif callable(loaded):
-            registry.add(Tool(ep.name, loaded, source=f"entry-point:{ep.value}"))
-    for t in DECORATED:
-        registry.add(t)
-    return registry

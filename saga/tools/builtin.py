@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from saga.errors import ToolError
-from saga.tools import Tool, ToolContext
+from saga.tools.base import Tool, ToolContext
 
 
 def noop(params: dict[str, Any], ctx: ToolContext) -> None:
@@ -53,7 +53,7 @@ TOOLS = [
 
 def builtin_tools(config: Mapping[str, Any] | None = None) -> list[Tool]:
     """Every built-in tool, configured from saga.toml data (``Settings.file``)."""
-    from saga.tools import file, git, http, shell, sql
+    from saga.tools import file, git, http, shell, sql  # http loads httpx: only when asked
 
     config = config or {}
     return [*TOOLS, *(module.make_tool(config) for module in (shell, http, sql, file, git))]

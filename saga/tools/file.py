@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from saga.errors import ToolError
-from saga.tools import Tool, ToolContext
+from saga.tools.base import Tool, ToolContext
 
 MAX_BACKUP = 10 << 20
 ACTIONS = ("write", "append", "copy", "delete")

@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from saga.errors import ToolError
-from saga.tools import Tool, ToolContext
+from saga.tools.base import Tool, ToolContext
 
 ACTIONS = ("status", "create_branch", "delete_branch", "commit")
 

@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 
 from saga.errors import ToolError
-from saga.tools import Tool, ToolContext
+from saga.tools.base import Tool, ToolContext
 from saga.tools.schema import is_template
 
 _REQUEST: dict[str, Any] = {

@@ -44,7 +44,7 @@ from datetime import timedelta
 from typing import IO, Any, TypeVar
 
 from saga.errors import ConfigError, ToolError
-from saga.tools import Tool, ToolContext
+from saga.tools.base import Tool, ToolContext
 
 T = TypeVar("T")
 _KEYS = {"command", "args", "env", "cwd", "startup_timeout", "timeout"}

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from saga.errors import ToolError
-from saga.tools import Tool, ToolContext
+from saga.tools.base import Tool, ToolContext
 
 MAX_OUTPUT = 1 << 20
 _STRINGS = {"type": "array", "items": {"type": "string"}}

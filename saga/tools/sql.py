@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from saga.errors import ToolError
-from saga.tools import Tool, ToolContext
+from saga.tools.base import Tool, ToolContext
 from saga.tools.schema import is_template
 
 _BIND = {"type": ["array", "object"]}

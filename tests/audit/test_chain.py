@@ -23,12 +23,12 @@ from saga.audit import (
     PAYLOAD_EDITED,
     REDACTED,
     Record,
-    link_of,
-    payload_digest,
 )
+from saga.audit.chain import link_of, payload_digest
+from saga.chain import payload_hash, sign
 from saga.config import Settings
-from saga.database import Database
-from saga.domain import Run, payload_hash, sign
+from saga.domain import Run
+from saga.store.side_tables import Database
 from saga.tools import Registry
 
 SECRET = "tok-s3cret-4242"

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 from saga.cli import main
 from saga.domain import Run
 
-ROOT = Path(__file__).resolve().parent.parent
-TEMPLATE = str(ROOT / "templates" / "quickstart.yaml")
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE = str(ROOT / "saga" / "templates" / "quickstart.yaml")
 
 
 @pytest.fixture(autouse=True)

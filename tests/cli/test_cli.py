@@ -27,9 +27,9 @@ from click.testing import CliRunner, Result
 from saga.cli import main
 from saga.errors import DefinitionError, RunNotFoundError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SEEDS = ROOT / "tests" / "seeds"
-STANDINS = "tests.tools.standins"
+STANDINS = "tests.standins.standins"
 PG_URL = os.environ.get("SAGA_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
 UNKNOWN_RUN = "3f1e2d4c-0000-4000-8000-000000000000"
 BUILTINS = {"noop", "echo", "sleep", "fail"}

@@ -10,8 +10,8 @@ from click.testing import CliRunner
 
 from saga.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
-TEMPLATE = str(ROOT / "templates" / "quickstart.yaml")
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE = str(ROOT / "saga" / "templates" / "quickstart.yaml")
 
 
 def cli(args: list[str], home: Path) -> tuple[int, str]:

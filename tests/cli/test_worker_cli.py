@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def saga(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -20,7 +20,7 @@ def saga(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_submit_then_worker_until_idle(tmp_path: Path) -> None:
-    template = str(ROOT / "templates" / "quickstart.yaml")
+    template = str(ROOT / "saga" / "templates" / "quickstart.yaml")
     assert saga(["db", "init"], tmp_path).returncode == 0
     ids = [json.loads(saga(["submit", template, "--json"], tmp_path).stdout)["run_id"]
            for _ in range(3)]

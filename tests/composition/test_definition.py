@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from saga.definition import (
+from saga.composition.definition import (
     Confirmation,
     Definition,
     ErrorHandling,

@@ -16,23 +16,23 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from saga import Saga
+from saga import Saga, scheduler
 from saga.cli import main
+from saga.composition import compile_any
+from saga.composition.definition import load_file
+from saga.composition.graph_form import GraphPlan, compile_graph
 from saga.config import Settings
-from saga.definition import load_file
 from saga.errors import DefinitionError
-from saga.graph import GraphPlan, compile_graph
-from saga.plan import compile_any
 from saga.tools import Registry, load_registry
-from tests.test_recovery import LEASE, check_history, outcome, recover, store_env
-from tests.tools import standins
+from tests.executor.test_recovery import LEASE, check_history, outcome, recover, store_env
+from tests.standins import standins
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SEEDS = ROOT / "tests" / "seeds"
 DEBUG = SEEDS / "004_debug_loop.yaml"
 REVIEW = SEEDS / "004_parallel_review.yaml"
 CHILD = str(ROOT / "tests" / "compositions" / "child.yaml")
-TOOLS = ["tests.tools.standins", "tests.tools.graph_standins"]
+TOOLS = ["tests.standins.standins", "tests.standins.graph_standins"]
 
 
 @pytest.fixture
@@ -421,7 +421,7 @@ def test_saga_load_reports_unknown_tools(saga: Saga) -> None:
 
 def test_validate_prints_levels_and_critical_path_ignoring_loops(tmp_path: Path) -> None:
     result = CliRunner().invoke(
-        main, ["validate", str(REVIEW), "--tools", "tests.tools.graph_standins", "--json"],
+        main, ["validate", str(REVIEW), "--tools", "tests.standins.graph_standins", "--json"],
         env={"SAGA_HOME": str(tmp_path), "SAGA_TOOLS": None, "SAGA_DATABASE_URL": None})
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
@@ -464,14 +464,14 @@ def test_decide_is_pure(saga: Saga, monkeypatch: pytest.MonkeyPatch) -> None:
     folded = events[0].mutate(None)
     plan = compile_any(folded.definition)
     for event in events[1:]:
-        assert plan.decide(copy.deepcopy(folded)) == plan.decide(folded)
+        assert scheduler.decide(plan, copy.deepcopy(folded)) == scheduler.decide(plan, folded)
         event.mutate(folded)
-    assert plan.decide(folded) == []
+    assert scheduler.decide(plan, folded) == []
 
 
 # -- crashes ------------------------------------------------------------------------------
 
-CRASH_WORKER = ROOT / "tests" / "tools" / "crash_worker.py"
+CRASH_WORKER = ROOT / "tests" / "standins" / "crash_worker.py"
 
 
 def test_a_worker_killed_in_the_middle_of_the_loop_ends_the_same(
@@ -490,7 +490,7 @@ def test_a_worker_killed_in_the_middle_of_the_loop_ends_the_same(
             run = saga.submit(saga.load(plan_data), {"input": "bug"})
             proc = subprocess.run(
                 [sys.executable, str(CRASH_WORKER), str(boundary), "--poll", "0.05",
-                 "--lease", str(LEASE), "--tools", "tests.tools.graph_standins"],
+                 "--lease", str(LEASE), "--tools", "tests.standins.graph_standins"],
                 cwd=ROOT, env=store_env(settings) | {"SAGA_TEST_CALL_LOG": str(log)},
                 capture_output=True, text=True, timeout=60)
             assert proc.returncode == -9, proc.stderr

@@ -1,4 +1,4 @@
-"""Tests for saga.plan: compiling a composition into its checked graph.
+"""Tests for saga.composition.plan: compiling a composition into its checked graph.
 
 Ordering rules, levels, critical path, and the promise that validation reports every
 problem at once, each with its path.
@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from saga.definition import Definition, parse_text
+from saga.composition.definition import Definition, parse_text
+from saga.composition.plan import Plan, compile_plan
 from saga.errors import DefinitionError, Problem
-from saga.plan import Plan, compile_plan
 from saga.tools import Tool
-from tests.test_definition import (
+from tests.composition.test_definition import (
     SEED_001_COMPOSITION,
     SEED_001_DAG,
     SEED_001_STEP,

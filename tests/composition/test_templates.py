@@ -1,4 +1,4 @@
-"""The template library (templates/ and saga.templates).
+"""The template library (saga/templates/ and saga.composition.library).
 
 Every template is listed with its metadata and validates, and every one runs end to end
 against real local systems: git repositories and folders in tmp, SQLite files and a
@@ -26,22 +26,17 @@ from typing import Any
 import pytest
 
 from saga import Saga
+from saga.composition.definition import load_file
+from saga.composition.library import TEMPLATES_DIR, find_template, list_templates
 from saga.config import Settings, load_settings
-from saga.definition import load_file
 from saga.domain import Run
 from saga.errors import ConfigError
-from saga.templates import (
-    TEMPLATES_DIR,
-    find_template,
-    list_templates,
-    template_stats,
-    templates_stats,
-)
+from saga.report import template_stats, templates_stats
 from saga.tools import load_registry
 from saga.tools.mcp import MANAGER
 from tests.conftest import PG_URL
 
-SERVER = str(Path(__file__).parent / "tools" / "mcp_server.py")
+SERVER = str(Path(__file__).parents[1] / "standins" / "mcp_server.py")
 MCP = {"mcp": {"servers": {"demo": {"command": sys.executable, "args": [SERVER]}}}}
 ALLOW = {"shell": {"allow": ["grep", "git", sys.executable]}}
 TEN = {"search-fold-store", "start-work", "money-transfer", "account-provisioning",
@@ -211,7 +206,7 @@ def test_list_templates_returns_every_template_with_its_metadata() -> None:
         if "shell" in t.required_tools:
             assert {"grep"} <= set(config["shell"]["allow"]), name
         if name == "mcp-tools":
-            assert config["mcp"]["servers"]["demo"]["args"] == ["tests/tools/mcp_server.py"]
+            assert config["mcp"]["servers"]["demo"]["args"] == ["tests/standins/mcp_server.py"]
     categories = {t.category for t in templates}
     assert len(categories) >= 8
 

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from saga import Saga
-from tests.tools import standins
+from tests.standins import standins
 
-SEEDS = Path(__file__).parent / "seeds"
+SEEDS = Path(__file__).parents[1] / "seeds"
 
 
 @pytest.fixture(autouse=True)
@@ -468,7 +468,7 @@ def test_a_guarantee_cannot_wait_for_other_layers(saga: Saga) -> None:
 
 # -- nested compositions -------------------------------------------------------------------
 
-CHILD = str(Path(__file__).parent / "compositions" / "child.yaml")
+CHILD = str(Path(__file__).parents[1] / "compositions" / "child.yaml")
 
 
 def parent(fail_child: bool = False, fail_after: bool = False) -> dict[str, Any]:
@@ -524,7 +524,7 @@ def test_a_missing_nested_composition_is_a_validation_error(saga: Saga) -> None:
 
 
 def test_children_are_not_picked_up_by_workers_on_their_own(saga: Saga) -> None:
-    from saga.recovery import RunIndex
+    from saga.worker import RunIndex
 
     run = saga.run(saga.load(parent()))
     index = RunIndex(saga.app)

@@ -17,12 +17,11 @@ import pytest
 from saga import Saga
 from saga.config import Settings
 from saga.domain import TERMINAL, step_key
-from saga.recovery import Worker
 from saga.tools import Registry
-from tests.tools import standins
+from tests.standins import standins
 
-ROOT = Path(__file__).resolve().parent.parent
-CRASH_WORKER = ROOT / "tests" / "tools" / "crash_worker.py"
+ROOT = Path(__file__).resolve().parents[2]
+CRASH_WORKER = ROOT / "tests" / "standins" / "crash_worker.py"
 LEASE = 1.0
 
 
@@ -110,7 +109,7 @@ def recover(saga: Saga) -> None:
         else:
             break
         time.sleep(0.05)
-    Worker(saga, lease_seconds=LEASE, poll_interval=0.05).run(until_idle=True)
+    saga.worker_loop(lease_seconds=LEASE, poll_interval=0.05).run(until_idle=True)
 
 
 def outcome(saga: Saga, run_id: str) -> dict[str, Any]:
@@ -261,7 +260,7 @@ def test_a_run_driven_elsewhere_is_not_driven_twice(saga: Saga) -> None:
 
     with pytest.raises(LeaseHeldError, match="someone-else"):
         saga.drive(saga.get(run.run_id), wait=0.2)
-    assert Worker(saga, poll_interval=0.05).run(until_idle=True) == 0
+    assert saga.worker_loop(poll_interval=0.05).run(until_idle=True) == 0
     assert saga.get(run.run_id).status == "running"
 
 

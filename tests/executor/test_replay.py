@@ -17,7 +17,7 @@ from saga.cli import main
 from saga.config import Settings
 from saga.replay import verify
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).parents[1] / "golden"
 CHAIN = {"name": "chain", "steps": [
     {"id": "a", "tool": "echo", "args": {"x": 1}},
     {"id": "b", "tool": "echo", "args": {"y": "{{ a.x }}"},

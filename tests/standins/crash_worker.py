@@ -1,6 +1,6 @@
 """A `saga worker` that SIGKILLs itself right after its Nth commit to the event store.
 
-Usage: python tests/tools/crash_worker.py N [worker options...]
+Usage: python tests/standins/crash_worker.py N [worker options...]
 N = 0 never crashes. The kill comes after the commit is durable and before the worker acts
 on it, which is exactly an event boundary.
 """
@@ -14,8 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from saga.application import SagaApplication
 from saga.cli import main
+from saga.store.application import SagaApplication
 
 limit = int(sys.argv[1])
 commits = 0
@@ -32,4 +32,4 @@ def save_run(self: SagaApplication, run: object) -> None:
 
 
 SagaApplication.save_run = save_run  # type: ignore[method-assign]
-main(["worker", "--until-idle", "--tools", "tests.tools.standins", *sys.argv[2:]])
+main(["worker", "--until-idle", "--tools", "tests.standins.standins", *sys.argv[2:]])

@@ -19,7 +19,7 @@ import os
 from typing import Any
 
 from saga import ToolContext, ToolError, tool
-from tests.tools.standins import record
+from tests.standins.standins import record
 
 
 def _short(text: Any, limit: int = 60) -> str:

@@ -1,4 +1,4 @@
-"""A small MCP server for tests, run over stdio: ``python tests/tools/mcp_server.py``.
+"""A small MCP server for tests, run over stdio: ``python tests/standins/mcp_server.py``.
 
 Tools: ``add``, ``echo``, ``fail`` (always an error result), ``kv_put`` / ``kv_get`` /
 ``kv_delete`` (state kept in this process, to prove one server process serves successive

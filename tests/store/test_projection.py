@@ -21,7 +21,7 @@ from saga.config import Settings
 from saga.domain import Run
 from saga.projection import Projection, snapshot_tables
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 RETRY = {"name": "retry", "version": "2", "steps": [
     {"id": "a", "tool": "echo", "parameters": {"x": 1}},
@@ -245,7 +245,7 @@ def test_head_position_and_lag(saga: Saga) -> None:
 CHILD = textwrap.dedent("""
     import json, os, sys, time
     from pathlib import Path
-    from saga.application import SagaApplication
+    from saga.store.application import SagaApplication
     from saga.config import Settings
     from saga.projection import Projection
 

@@ -10,8 +10,8 @@ import pytest
 
 from saga.config import Settings
 from saga.errors import ConfigError
-from tests.test_tools_common import chain, engine
-from tests.test_tools_http import Server, server  # noqa: F401 - the fixture
+from tests.tools.test_common import chain, engine
+from tests.tools.test_http import Server, server  # noqa: F401 - the fixture
 
 
 def written(tmp_path: Path) -> dict[str, Any]:

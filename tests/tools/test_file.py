@@ -11,7 +11,7 @@ import pytest
 from saga.config import Settings
 from saga.errors import ToolError
 from saga.tools.file import make_tool
-from tests.test_tools_common import FAIL, call, chain, engine, undo
+from tests.tools.test_common import FAIL, call, chain, engine, undo
 
 TOOL = make_tool({})
 BINARY = bytes(range(256)) + b"\xff\xfe not utf-8"

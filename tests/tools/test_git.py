@@ -10,7 +10,7 @@ import pytest
 from saga.config import Settings
 from saga.errors import ToolError
 from saga.tools.git import make_tool
-from tests.test_tools_common import FAIL, call, chain, ctx, engine, undo
+from tests.tools.test_common import FAIL, call, chain, ctx, engine, undo
 
 TOOL = make_tool({})
 

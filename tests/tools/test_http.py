@@ -14,7 +14,7 @@ import pytest
 from saga.config import Settings
 from saga.errors import ToolError
 from saga.tools.http import make_tool
-from tests.test_tools_common import FAIL, call, chain, ctx, engine, undo
+from tests.tools.test_common import FAIL, call, chain, ctx, engine, undo
 
 TOOL = make_tool({})
 

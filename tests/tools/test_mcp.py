@@ -1,4 +1,4 @@
-"""MCP tools: the test server (tests/tools/mcp_server.py) started over stdio from
+"""MCP tools: the test server (tests/standins/mcp_server.py) started over stdio from
 saga.toml-like settings, listed with its schemas, called, and reused across runs."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from saga.config import Settings, load_settings
 from saga.errors import ConfigError, DefinitionError, Problem, ToolError
 from saga.tools import Registry, load_registry
 from saga.tools.mcp import MANAGER, ServerConfig, server_configs
-from tests.test_tools_common import FAIL, call, chain, configured
+from tests.tools.test_common import FAIL, call, chain, configured
 
-SERVER = str(Path(__file__).parent / "tools" / "mcp_server.py")
+SERVER = str(Path(__file__).parents[1] / "standins" / "mcp_server.py")
 MCP = {"mcp": {"servers": {
     "t": {"command": sys.executable, "args": [SERVER]},
     "missing": {"command": "no-such-mcp-server-4711"},

@@ -13,7 +13,7 @@ import pytest
 from saga.config import Settings
 from saga.errors import ToolError
 from saga.tools.shell import allowlist, make_tool
-from tests.test_tools_common import FAIL, call, chain, engine, undo
+from tests.tools.test_common import FAIL, call, chain, engine, undo
 
 ALLOW = {"shell": {"allow": ["echo", "true", "false", "sleep", "sh", "touch", "rm"]}}
 

@@ -14,7 +14,7 @@ from saga.config import Settings
 from saga.errors import ToolError
 from saga.tools.sql import make_tool
 from tests.conftest import PG_URL
-from tests.test_tools_common import FAIL, call, chain, engine, undo
+from tests.tools.test_common import FAIL, call, chain, engine, undo
 
 
 @dataclass

@@ -1,0 +1,142 @@
+"""Retention (:func:`apply_retention`) rewrites, for finished runs older than N days, the
+payload fields that carry user data (RunStarted ``inputs``, StepStarted ``parameters``,
+StepCompleted / StepCompensated ``output``, RunCompleted / RunFailed / RunCompensated
+``outputs``) to ``{"_redacted": true}``, keeping type, timestamp, actor, prev_hash,
+payload_hash and mac as they are, and deletes the run's snapshots (which hold that data
+too). We prefer this rewrite to crypto-shredding (encrypting each run's payloads with a
+per-run key and destroying the key) because: the log promises plain JSON payloads that SQL
+and other languages read directly, which encryption at write time would break for every
+reader; shredding needs a key store that is itself durable, backed up and access
+controlled, and loses every run whose key is lost; and it would not apply to the events
+already recorded. The rewrite works on existing stores and keeps the chain verifiable,
+because a link covers the payload's *hash* recorded at write time, not the payload. Its
+costs, stated plainly: backups and replicas taken before retention still hold the data
+until they age out; the unsalted ``payload_hash`` of a redacted event lets someone who can
+guess the removed values exactly (a short PIN, a yes/no) confirm a guess; and the
+non-redacted fields of a redacted event can no longer be re-checked against its hash (see
+:func:`verify_records`).
+"""
+
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from saga.audit.chain import (
+    REDACTABLE,
+    REDACTED,
+    TERMINAL_TYPES,
+    Record,
+    log,
+    verify_records,
+)
+from saga.audit.store import (
+    _encode_state,
+    _has_table,
+    _id_args,
+    _id_where,
+    _open,
+    _read,
+    _run_ids,
+    _tables,
+)
+from saga.config import Settings
+from saga.store.side_tables import Database
+
+
+@dataclass
+class _Plan:
+    updates: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    snapshots: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.updates or self.snapshots)
+
+
+def _finished_before(records: Sequence[Record], cutoff: datetime) -> bool:
+    if not records or records[-1].type_name not in TERMINAL_TYPES:
+        return False
+    try:
+        when = datetime.fromisoformat(records[-1].timestamp)
+    except ValueError:
+        return False
+    when = when if when.tzinfo else when.replace(tzinfo=UTC)
+    return when < cutoff
+
+
+def _plan(records: Sequence[Record], cutoff: datetime, key: bytes | str | None) -> _Plan | None:
+    """What retention rewrites in a run, or None when the run is not due (or is broken)."""
+    if not _finished_before(records, cutoff):
+        return None
+    verdict = verify_records(records, key)
+    if not verdict.ok:  # keep the evidence: a broken run is left for an investigation
+        log.warning("retention skips run %s: %s", verdict.run_id, verdict.message)
+        return None
+    plan = _Plan()
+    for r in records:
+        state = dict(r.state)
+        for name in REDACTABLE.get(r.type_name, ()):
+            if name in state and state[name] != REDACTED:
+                state[name] = dict(REDACTED)
+        if state != r.state:
+            plan.updates.append((r.version, state))
+    return plan
+
+
+def _retain(db: Database, settings: Settings, run_id: str, cutoff: datetime, dry_run: bool,
+            key: bytes | str | None) -> bool:
+    events, snapshots = _tables(settings)
+    has_snapshots = _has_table(db, snapshots)
+    args = _id_args(db, run_id)
+    # A first look outside any transaction skips runs that are not due cheaply.
+    plan = _plan(_read(db, settings, run_id), cutoff, key)
+    if plan is None:
+        return False
+    if dry_run:
+        if has_snapshots:
+            rows = db.query(f"SELECT COUNT(*) AS n FROM {snapshots} WHERE {_id_where(db)}",
+                            args)
+            plan.snapshots = int(rows[0]["n"])
+        return bool(plan)
+    with db.tx() as cur:  # decided again under lock: a writer may have appended meanwhile
+        plan = _plan(_read(db, settings, run_id, cur), cutoff, key)
+        if plan is None:
+            return False
+        for version, state in plan.updates:
+            cur.execute(db.sql(f"UPDATE {events} SET state = ? WHERE {_id_where(db)} AND "
+                               "originator_version = ?"),
+                        (_encode_state(state), *args, version))
+        if has_snapshots:
+            cur.execute(db.sql(f"DELETE FROM {snapshots} WHERE {_id_where(db)}"), args)
+            plan.snapshots = max(cur.rowcount, 0)
+    return bool(plan)
+
+
+def apply_retention(settings: Settings, older_than_days: float, dry_run: bool = False,
+                    now: datetime | None = None, key: bytes | str | None = None) -> list[str]:
+    """Remove user data from finished runs whose last event is older than
+    ``older_than_days`` (relative to ``now``, default the current time); returns the ids of
+    the runs changed (with ``dry_run``, that would be changed; nothing is written).
+
+    Each run is rewritten in one transaction: the fields in :data:`REDACTABLE` become
+    ``{"_redacted": true}``, every other field (type, timestamp, actor, prev_hash,
+    payload_hash, mac) stays, and the run's snapshots are deleted. A run whose chain does
+    not verify (with ``key`` when given) is skipped and logged, so evidence of tampering is
+    never overwritten. Unfinished runs are never touched.
+    """
+    if older_than_days < 0:
+        raise ValueError("older_than_days must be >= 0")
+    moment = now or datetime.now(UTC)
+    moment = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    cutoff = moment - timedelta(days=older_than_days)
+    changed = []
+    with _open(settings) as db:
+        if db is None:
+            return []
+        for run_id in _run_ids(db, settings):
+            if _retain(db, settings, run_id, cutoff, dry_run, key):
+                changed.append(run_id)
+    return changed

@@ -1,0 +1,57 @@
+"""Canonical JSON and the hash chain every run's events form.
+
+Every hash in saga covers canonical JSON (sorted keys, no whitespace, UTF-8), so the same
+value hashes the same in any process and any language. Each event of a run records the
+hash of its own payload and the link of its predecessor; its own link covers its type,
+version, time, actor, payload hash and predecessor (see :func:`event_hash`), and with an
+audit key, an HMAC of that link. This module is pure: the aggregate writes the chain
+(:mod:`saga.domain`) and the auditor reads it back (:mod:`saga.audit`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from typing import Any
+
+#: Fields every event carries for the audit chain, apart from its payload.
+CHAIN_FIELDS = ("actor", "prev_hash", "payload_hash", "mac")
+#: The predecessor link of a run's first event.
+GENESIS = ""
+_ENVELOPE = ("originator_id", "originator_version", "timestamp", "originator_topic")
+
+
+def canonical(value: Any) -> bytes:
+    """Canonical JSON, the form every hash covers: sorted keys, no whitespace, UTF-8."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      default=str).encode()
+
+
+def definition_hash(data: dict[str, Any]) -> str:
+    """sha256 hex digest of canonical JSON (sorted keys, no whitespace)."""
+    return hashlib.sha256(canonical(data)).hexdigest()
+
+
+def payload_of(fields: dict[str, Any]) -> dict[str, Any]:
+    """An event's payload: its fields without the envelope and the chain fields."""
+    return {k: v for k, v in fields.items() if k not in _ENVELOPE and k not in CHAIN_FIELDS}
+
+
+def payload_hash(payload: dict[str, Any]) -> str:
+    """sha256 of the payload's canonical JSON."""
+    return hashlib.sha256(canonical(payload)).hexdigest()
+
+
+def event_hash(event_type: str, version: int, timestamp: str, actor: str | None,
+               payload_digest: str, prev_hash: str) -> str:
+    """An event's link in its run's chain: covers its type, version, time, actor, the hash
+    of its payload (so a payload can later be removed) and its predecessor's hash."""
+    text = "|".join([event_type, str(version), timestamp, actor or "", payload_digest,
+                     prev_hash])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def sign(key: bytes, digest: str) -> str:
+    """HMAC-SHA256 of a chain link."""
+    return hmac.new(key, digest.encode(), hashlib.sha256).hexdigest()

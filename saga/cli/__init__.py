@@ -1,0 +1,12 @@
+"""The ``saga`` command line: thin click commands over :class:`saga.api.Saga`.
+
+:mod:`~saga.cli.app` is the group, its shared options and its one error handler; the
+commands live in :mod:`~saga.cli.runs`, :mod:`~saga.cli.templates`,
+:mod:`~saga.cli.audit` and :mod:`~saga.cli.admin`, and :mod:`~saga.cli.render` shows
+what they print.
+"""
+
+from saga.cli import admin, audit, runs, templates
+from saga.cli.app import main
+
+__all__ = ["admin", "audit", "main", "runs", "templates"]

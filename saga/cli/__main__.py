@@ -1,0 +1,5 @@
+"""``python -m saga.cli``: the same as the ``saga`` command."""
+
+from saga.cli import main
+
+main()

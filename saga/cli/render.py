@@ -1,0 +1,133 @@
+"""How the CLI shows things: run summaries, live progress, event lines, dry runs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from saga.api import run_summary
+from saga.cli.app import (
+    _emit_json,
+)
+from saga.domain import Run
+
+_STATUS_STYLE = {"completed": "green", "running": "cyan", "failed": "red", "skipped": "dim",
+                 "compensated": "magenta", "compensating": "magenta", "waiting": "yellow",
+                 "pending": "dim", "cancelled": "red"}
+
+
+def _duration(ms: float | None) -> str:
+    if ms is None:
+        return "-"
+    return f"{ms / 1000:.1f}s" if ms >= 1000 else f"{ms:.0f}ms"
+
+
+def _print_dry_run(preview: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        _emit_json(preview)
+        return
+    click.echo(f"dry run of {preview['name']} (nothing is recorded, no tool is called)")
+    for i, level in enumerate(preview["levels"], 1):
+        click.echo(f"  level {i}: {', '.join(level)}")
+    for step in preview["steps"]:
+        what = step["tool"] or (f"use {step['use']}" if step["use"] else "compute")
+        notes = [f"when {step['when']}"] if step["when"] else []
+        notes += ["for each"] if step["loop"] is not None else []
+        notes += ["asks for approval"] if step["approval"] else []
+        notes += ["compensated"] if step["compensate"] else []
+        click.echo(f"  {step['id']}: {what} {json.dumps(step['parameters'], default=str)}"
+                   + (f"  [{'; '.join(notes)}]" if notes else ""))
+
+
+def _finish(run: Run, as_json: bool, success: tuple[str, ...] = ("completed", "waiting")) -> None:
+    """Print the run and exit: 0 when it ended as the command intended, else 1."""
+    summary = run_summary(run)
+    if as_json:
+        _emit_json(summary)
+    else:
+        _print_summary(summary)
+    sys.exit(0 if run.status in success else 1)
+
+
+def _event_detail(e: dict[str, Any]) -> str:
+    p = e["payload"]
+    parts = []
+    if "step_id" in p:
+        parts.append(p["step_id"] + (f"[{p['iteration']}]" if p.get("iteration") else ""))
+    for key in ("attempt", "reason", "error_type", "message", "steps", "comment", "actor"):
+        if p.get(key) not in (None, "", []):
+            parts.append(f"{key}={p[key]}")
+    if e["type"] == "RunStarted":
+        parts.append(f"{p['definition'].get('name')} by {p['context'].get('actor')}")
+    if "output" in p and e["type"] == "StepCompleted":
+        parts.append(f"output={json.dumps(p['output'], default=str)[:80]}")
+    return " ".join(str(x) for x in parts)
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    style = _STATUS_STYLE.get(summary["status"], "")
+    console.print(f"run {summary['run_id']} ({summary['name']}): [{style}]{summary['status']}[/]")
+    table = Table(show_header=True, header_style="bold", box=None)
+    for column in ("step", "status", "attempts", "ms", "detail"):
+        table.add_column(column)
+    for key, s in summary.get("steps", {}).items():
+        detail = (s.get("error") or {}).get("message") or s.get("reason") or ""
+        if s.get("approval", {}).get("status") == "requested":
+            detail = f"waiting for approval: {s['approval']['message']}"
+        st = s.get("status", "")
+        table.add_row(key, f"[{_STATUS_STYLE.get(st, '')}]{st}[/]", str(s.get("attempt", "")),
+                      str(s.get("duration_ms", "") or ""), str(detail))
+    console.print(table)
+    if summary.get("error"):
+        console.print(f"error: {summary['error'].get('message', summary['error'])}")
+    if summary.get("outputs") is not None and summary["status"] == "completed":
+        console.print("outputs: " + json.dumps(summary["outputs"], default=str,
+                                               ensure_ascii=False))
+    for child in summary.get("children", []):
+        console.print(f"  └ step {child['step']}: child run {child['run_id']} "
+                      f"({child['name']}): {child['status']}")
+    if summary.get("waiting_for"):
+        for step in summary["waiting_for"]:
+            console.print(f"waiting: saga approve {summary['run_id']} {step}")
+
+
+class _Progress:
+    """Live progress on a terminal; silent otherwise (the summary follows either way)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled and sys.stdout.isatty()
+        self._live: Any = None
+
+    def __enter__(self) -> _Progress:
+        if self.enabled:
+            from rich.live import Live
+
+            self._live = Live(refresh_per_second=8, transient=True)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.__exit__(None, None, None)
+
+    def update(self, run: Run, events: list[Any]) -> None:
+        """Redraw the step table after each commit."""
+        if self._live is None:
+            return
+        from rich.table import Table
+
+        table = Table(title=f"{run.name} — {run.status}", box=None)
+        table.add_column("step")
+        table.add_column("status")
+        table.add_column("attempt")
+        for key, s in run.steps.items():
+            st = s["status"]
+            table.add_row(key, f"[{_STATUS_STYLE.get(st, '')}]{st}[/]", str(s["attempt"]))
+        self._live.update(table)

@@ -1,0 +1,284 @@
+"""Commands on runs: validate, run, submit, resume, retry, compensate, cancel, replay,
+graph, status, list, history, approve and reject."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from saga import diagram
+from saga.api import Saga, run_summary
+from saga.cli.app import (
+    _emit_json,
+    _saga,
+    json_option,
+    main,
+    mode_option,
+    tools_option,
+)
+from saga.cli.render import (
+    _event_detail,
+    _finish,
+    _print_dry_run,
+    _print_summary,
+    _Progress,
+)
+from saga.composition import plan_of
+from saga.composition.definition import coerce_text, parse_text
+from saga.errors import DefinitionError, InputError, Problem
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@tools_option
+@json_option
+def validate(file: str, tools: tuple[str, ...], as_json: bool) -> None:
+    """Check a composition; print its execution levels and critical path."""
+    saga = _saga(tools)
+    try:
+        plan = saga.load(file)
+    except DefinitionError as e:
+        if not as_json:
+            raise
+        _emit_json({"valid": False, "problems": [p.to_json() for p in e.problems]})
+        sys.exit(e.exit_code)
+    levels, critical = plan.levels(), plan.critical_path()
+    if as_json:
+        _emit_json({"valid": True, "name": plan.definition.name, "levels": levels,
+                    "critical_path": critical, "steps": len(plan.order)})
+        return
+    click.echo(f"{file}: valid ({len(plan.order)} steps)")
+    for i, level in enumerate(levels, 1):
+        click.echo(f"  level {i}: {', '.join(level)}")
+    click.echo(f"  critical path: {' -> '.join(critical)}")
+
+
+def _parse_inputs(pairs: tuple[str, ...], inputs_file: str | None,
+                  plan_inputs: dict[str, Any]) -> dict[str, Any]:
+    given: dict[str, Any] = {}
+    if inputs_file:
+        try:
+            data = parse_text(Path(inputs_file).read_text(encoding="utf-8"), inputs_file)
+        except OSError as e:
+            raise InputError([Problem("--inputs-file", f"cannot read: {e.strerror}")]) from e
+        except DefinitionError as e:
+            raise InputError([Problem("--inputs-file", "must be a JSON/YAML mapping")]) from e
+        given.update(data)
+    for pair in pairs:
+        if "=" not in pair:
+            raise InputError([Problem("--input", f"{pair!r} is not KEY=VALUE")])
+        key, value = pair.split("=", 1)
+        given[key] = coerce_text(plan_inputs.get(key), value)
+    return given
+
+
+def _run_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The options every command that starts a run shares."""
+    for option in reversed([
+        click.option("--input", "-i", "pairs", multiple=True, metavar="KEY=VALUE",
+                     help="An input value (repeatable); typed by the input's declared type."),
+        click.option("--inputs-file", type=click.Path(dir_okay=False),
+                     help="Inputs as JSON/YAML."),
+        click.option("--actor", help="Who is running this (default: SAGA_ACTOR or the OS user)."),
+        mode_option,
+        click.option("--dry-run", is_flag=True, help="Show the plan and parameters; run nothing."),
+        tools_option, json_option]):
+        func = option(func)
+    return func
+
+
+def _run_file(saga: Saga, file: str, pairs: tuple[str, ...], inputs_file: str | None,
+              actor: str | None, mode: str, dry_run: bool, as_json: bool) -> None:
+    plan = saga.load(file)
+    inputs = _parse_inputs(pairs, inputs_file, {s.name: s for s in plan.definition.inputs})
+    if dry_run:
+        _print_dry_run(saga.dry_run(plan, inputs), as_json)
+        return
+    with _Progress(enabled=not as_json) as progress:
+        result = saga.run(plan, inputs, actor=actor, options={"mode": mode},
+                          on_events=progress.update)
+    _finish(result, as_json)
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@_run_options
+def run(file: str, pairs: tuple[str, ...], inputs_file: str | None, actor: str | None,
+        mode: str, dry_run: bool, tools: tuple[str, ...], as_json: bool) -> None:
+    """Start a run of FILE and drive it here until it finishes (or waits for approval)."""
+    _run_file(_saga(tools), file, pairs, inputs_file, actor, mode, dry_run, as_json)
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--input", "-i", "pairs", multiple=True, metavar="KEY=VALUE",
+              help="An input value (repeatable); typed by the input's declared type.")
+@click.option("--inputs-file", type=click.Path(dir_okay=False), help="Inputs as JSON/YAML.")
+@click.option("--actor", help="Who is submitting this (default: SAGA_ACTOR or the OS user).")
+@mode_option
+@tools_option
+@json_option
+def submit(file: str, pairs: tuple[str, ...], inputs_file: str | None, actor: str | None,
+           mode: str, tools: tuple[str, ...], as_json: bool) -> None:
+    """Record a run of FILE without executing it; a worker will pick it up."""
+    saga = _saga(tools)
+    plan = saga.load(file)
+    inputs = _parse_inputs(pairs, inputs_file, {s.name: s for s in plan.definition.inputs})
+    run = saga.submit(plan, inputs, actor=actor, options={"mode": mode})
+    if as_json:
+        _emit_json({"run_id": run.run_id, "status": run.status, "name": run.name})
+    else:
+        click.echo(run.run_id)
+
+
+@main.command()
+@click.argument("run_id")
+@tools_option
+@json_option
+def resume(run_id: str, tools: tuple[str, ...], as_json: bool) -> None:
+    """Continue an unfinished run here (after an approval, or when it was interrupted)."""
+    saga = _saga(tools)
+    with _Progress(enabled=not as_json) as progress:
+        result = saga.resume(run_id, on_events=progress.update)
+    _finish(result, as_json)
+
+
+def _undo_command(name: str, doc: str) -> None:
+    @main.command(name=name, help=doc)
+    @click.argument("run_id")
+    @click.option("--reason", help="Why (recorded).")
+    @click.option("--actor", help="Who (default: SAGA_ACTOR or the OS user).")
+    @tools_option
+    @json_option
+    def command(run_id: str, reason: str | None, actor: str | None, tools: tuple[str, ...],
+                as_json: bool) -> None:
+        saga = _saga(tools)
+        with _Progress(enabled=not as_json) as progress:
+            if name == "retry":
+                result = saga.retry(run_id, actor=actor, on_events=progress.update)
+            else:
+                method = saga.cancel if name == "cancel" else saga.compensate
+                result = method(run_id, actor=actor, reason=reason, on_events=progress.update)
+        intended = {"retry": ("completed", "waiting"), "compensate": ("compensated",),
+                    "cancel": ("cancelled",)}[name]
+        _finish(result, as_json, intended)
+
+
+_undo_command("retry", "Redrive a failed run from its failed steps, keeping completed work.")
+_undo_command("compensate", "Undo a run's completed steps, in reverse completion order.")
+_undo_command("cancel", "Cancel an unfinished run: undo its completed steps, record who.")
+
+
+@main.command()
+@click.argument("run_id")
+@click.option("--verify", is_flag=True, help="Check the scheduler reproduces every decision.")
+@click.option("--at", help="Show the run as it was at a version number or an ISO time.")
+@json_option
+def replay(run_id: str, verify: bool, at: str | None, as_json: bool) -> None:
+    """Replay a run's history: verify its decisions, or show it at a point in time."""
+    saga = _saga()
+    if not verify and at is None:
+        raise click.UsageError("give --verify or --at")
+    if at is not None:
+        summary = run_summary(saga.state_at(run_id, at))
+        _emit_json(summary) if as_json else _print_summary(summary)
+    if verify:
+        divergence = saga.verify(run_id)
+        if as_json:
+            _emit_json({"run_id": run_id, "ok": divergence is None,
+                        "divergence": None if divergence is None else {
+                            "version": divergence.version, "event": divergence.event_type,
+                            "recorded": divergence.recorded, "expected": divergence.expected}})
+        elif divergence is None:
+            click.echo(f"run {run_id}: replay reproduces every recorded decision")
+        else:
+            click.echo(f"run {run_id}: {divergence}")
+        if divergence is not None:
+            sys.exit(1)
+
+
+@main.command()
+@click.argument("target")
+@click.option("--format", "fmt", type=click.Choice(["mermaid", "dot"]), default="mermaid",
+              show_default=True)
+@tools_option
+def graph(target: str, fmt: str, tools: tuple[str, ...]) -> None:
+    """Draw a composition FILE, or a RUN with its steps coloured by status."""
+    saga = _saga(tools)
+    if Path(target).exists():
+        plan, run = saga.load(target), None
+    else:
+        run = saga.get(target)
+        plan = plan_of(run)
+    click.echo((diagram.mermaid if fmt == "mermaid" else diagram.dot)(plan, run), nl=False)
+
+
+@main.command()
+@click.argument("run_id")
+@json_option
+def status(run_id: str, as_json: bool) -> None:
+    """Show a run's status and its steps (read from the run's own history)."""
+    summary = _saga().status(run_id)
+    if as_json:
+        _emit_json(summary)
+    else:
+        _print_summary(summary)
+
+
+@main.command(name="list")
+@click.option("--status", "status_filter", help="Only runs with this status.")
+@click.option("--since", help="Only runs started at or after this ISO time.")
+@click.option("--limit", type=click.IntRange(min=0), default=50, show_default=True,
+              help="At most this many runs (0: all).")
+@json_option
+def list_runs(status_filter: str | None, since: str | None, limit: int, as_json: bool) -> None:
+    """List runs, newest first, from the read model (caught up first)."""
+    saga = _saga()
+    runs = saga.list_runs(status_filter, limit, since)
+    lag = saga.lag()
+    if lag:
+        click.echo(f"note: the read model is {lag} events behind the log", err=True)
+    if as_json:
+        _emit_json(runs)
+        return
+    if not runs:
+        click.echo("no runs")
+    for r in runs:
+        click.echo(f"{r['run_id']}  {r['status']:<12} {r['name']:<30} {r['started_at']}")
+
+
+@main.command()
+@click.argument("run_id")
+@json_option
+def history(run_id: str, as_json: bool) -> None:
+    """Print every event of a run, in order."""
+    events = _saga().history(run_id)
+    if as_json:
+        _emit_json(events)
+        return
+    for e in events:
+        detail = _event_detail(e)
+        click.echo(f"{e['version']:>4}  {e['timestamp']}  {e['type']:<20} {detail}")
+
+
+def _decision_command(name: str, approved: bool, doc: str) -> None:
+    @main.command(name=name, help=doc)
+    @click.argument("run_id")
+    @click.argument("step_id")
+    @click.option("--comment", help="Recorded with the decision.")
+    @click.option("--actor", help="Who decides (default: SAGA_ACTOR or the OS user).")
+    def command(run_id: str, step_id: str, comment: str | None, actor: str | None) -> None:
+        s = _saga()
+        decide = s.approve if approved else s.reject
+        run = decide(run_id, step_id, actor=actor, comment=comment)
+        click.echo(f"{step_id} {name}d on run {run.run_id}; continue it with: "
+                   f"saga resume {run.run_id}")
+
+
+_decision_command("approve", True, "Approve a step that waits for confirmation.")
+_decision_command("reject", False, "Reject a step that waits for confirmation (it fails and "
+                                   "follows its on_error).")

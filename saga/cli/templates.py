@@ -1,0 +1,112 @@
+"""Commands on the template library and the tools: ``saga templates ...``, ``saga tools``."""
+
+from __future__ import annotations
+
+import click
+
+from saga.cli.app import (
+    _emit_json,
+    _saga,
+    json_option,
+    main,
+    tools_option,
+)
+from saga.cli.render import (
+    _duration,
+)
+from saga.cli.runs import (
+    _run_file,
+    _run_options,
+)
+from saga.composition.library import find_template, list_templates, read_template
+from saga.errors import SagaError
+from saga.report import template_stats, templates_stats
+
+
+@main.group()
+def templates() -> None:
+    """Ready compositions in templates/ (and the folders in SAGA_TEMPLATES)."""
+
+
+@templates.command(name="list")
+@json_option
+def templates_list(as_json: bool) -> None:
+    """The templates, with their success rate and mean duration from past runs."""
+
+    saga = _saga()
+    infos = list_templates(saga.settings)
+    try:
+        stats = templates_stats(saga, infos)
+    except SagaError:
+        stats = {}
+    if as_json:
+        _emit_json([info.to_json() | {"stats": stats.get(info.name)} for info in infos])
+        return
+    click.echo(f"{'NAME':<28} {'CATEGORY':<12} {'RUNS':>4} {'SUCCESS':>7} {'MEAN':>7}  "
+               "DESCRIPTION")
+    for info in infos:
+        st = stats.get(info.name) or {}
+        rate, mean = st.get("success_rate"), st.get("mean_duration_ms")
+        click.echo(f"{info.name:<28} {info.category or '':<12} {st.get('runs', 0):>4} "
+                   f"{'-' if rate is None else f'{rate:.0%}':>7} {_duration(mean):>7}  "
+                   f"{(info.title or info.description or '')[:60]}")
+
+
+@templates.command(name="show")
+@click.argument("name")
+@json_option
+def templates_show(name: str, as_json: bool) -> None:
+    """A template's description, inputs, needed configuration and statistics."""
+
+    saga = _saga()
+    info = read_template(find_template(name, saga.settings))
+    stats = template_stats(saga, name)
+    if as_json:
+        _emit_json(info.to_json() | {"stats": stats})
+        return
+    click.echo(f"{info.name}: {info.title or info.definition_name}  ({info.path})")
+    click.echo(f"category: {info.category}   tags: {', '.join(info.tags or [])}")
+    click.echo(f"tools: {', '.join(info.required_tools or [])}")
+    if info.description:
+        click.echo("\n" + info.description.strip())
+    if info.inputs:
+        click.echo("\ninputs:")
+        for spec in info.inputs:
+            required = "required" if spec.get("required") else f"default {spec.get('default')!r}"
+            click.echo(f"  {spec['name']:<18} {spec.get('type', 'string'):<8} {required:<22} "
+                       f"{spec.get('description', '')}")
+    if info.config:
+        click.echo("\nneeds in saga.toml:\n" + str(info.config).rstrip())
+    if info.example:
+        click.echo("\nexample: " + str(info.example).strip())
+    rate = stats.get("success_rate")
+    click.echo(f"\nruns: {stats.get('runs', 0)}, success "
+               f"{'-' if rate is None else f'{rate:.0%}'}, mean "
+               f"{_duration(stats.get('mean_duration_ms'))}")
+
+
+@templates.command(name="run")
+@click.argument("name")
+@_run_options
+def templates_run(name: str, pairs: tuple[str, ...], inputs_file: str | None, actor: str | None,
+                  mode: str, dry_run: bool, tools: tuple[str, ...], as_json: bool) -> None:
+    """Run the template NAME here, like saga run."""
+
+    saga = _saga(tools)
+    path = find_template(name, saga.settings)
+    _run_file(saga, str(path), pairs, inputs_file, actor, mode, dry_run, as_json)
+
+
+@main.command()
+@tools_option
+@json_option
+def tools(tools: tuple[str, ...], as_json: bool) -> None:
+    """List the available tools."""
+    registry = _saga(tools).registry
+    rows = [{"name": t.name, "source": t.source, "description": t.description,
+             "compensation": t.compensate is not None, "params": t.params} for t in registry]
+    if as_json:
+        _emit_json(rows)
+        return
+    for row in rows:
+        click.echo(f"{row['name']:<24} {row['source']:<28} {row['description']}")

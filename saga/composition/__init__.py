@@ -1,0 +1,98 @@
+"""What users write, compiled: text -> definition -> plan.
+
+Both forms compile to one :class:`Plan`: the step-list form (:mod:`.definition`,
+:mod:`.plan`) and the graph form (:mod:`.graph_form`). :func:`load` also resolves the
+compositions that ``use`` steps name (files, or templates from :mod:`.library`), so a
+nested composition is checked before anything runs. :func:`plan_of` is the one way to
+get the plan a recorded run is driven by.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from pathlib import Path
+from typing import Any
+
+from saga.composition.definition import load_file
+from saga.composition.graph_form import GraphPlan, compile_graph
+from saga.composition.library import find_template
+from saga.composition.plan import Plan, compile_plan
+from saga.domain import Run
+from saga.errors import DefinitionError, Problem
+
+__all__ = ["GraphPlan", "Plan", "compile_any", "load", "load_child", "plan_of", "resolve"]
+
+Tools = Collection[str] | Mapping[str, Any] | None
+
+
+def compile_any(data: dict[str, Any], *, tools: Tools = None, source: str | None = None) -> Plan:
+    """Compile either form: the graph form (``nodes``/``edges``, seed 004) or the step-list
+    form. Both give a plan the scheduler and executor drive the same way."""
+    if isinstance(data, dict) and "nodes" in data and "steps" not in data:
+        return compile_graph(data, tools=tools, source=source)
+    return compile_plan(data, tools=tools, source=source)
+
+
+def load(source: str | Path | Mapping[str, Any], tools: Tools = None) -> Plan:
+    """Load and validate a composition (a file path or raw data) into a plan, with the
+    compositions its ``use`` steps name; every problem of all of them at once."""
+    if isinstance(source, Mapping):
+        plan = compile_any(dict(source), tools=tools)
+    else:
+        plan = compile_any(load_file(source), tools=tools, source=str(source))
+    problems = []
+    for i, step in enumerate(plan.definition.steps):
+        if step.use is None:
+            continue
+        try:
+            load_child(step.use, tools)
+        except DefinitionError as e:
+            problems += [Problem(f"steps[{i}].{p.path}" if p.path else f"steps[{i}].use",
+                                 p.message) for p in e.problems]
+    if problems:
+        raise DefinitionError(problems, None if isinstance(source, Mapping) else str(source))
+    return plan
+
+
+def resolve(use: str) -> Path:
+    """The composition a ``use`` names: a file (absolute or relative to the working
+    directory), else a template by name."""
+    path = Path(use)
+    if path.is_file():
+        return path
+    try:
+        return find_template(use)
+    except Exception as e:
+        raise DefinitionError([Problem("use", f"no composition file or template {use!r}: "
+                                              f"{e}")]) from e
+
+
+def load_child(use: str, tools: Tools, seen: tuple[str, ...] = ()) -> Plan:
+    """Load and validate a nested composition (and, recursively, the ones it uses)."""
+    path = resolve(use)
+    key = str(path.resolve())
+    if key in seen:
+        chain = " -> ".join([*seen, key])
+        raise DefinitionError([Problem("use", f"compositions use each other in a cycle: {chain}")])
+    plan = compile_any(load_file(path), tools=tools, source=str(path))
+    for step in plan.definition.steps:
+        if step.use is not None:
+            load_child(step.use, tools, (*seen, key))
+        if step.confirm or plan.definition.confirmations:
+            raise DefinitionError([Problem("use", f"{path} waits for approvals, which a "
+                                                  "nested composition cannot do")])
+    return plan
+
+
+_PLANS: dict[str, Plan] = {}
+
+
+def plan_of(run: Run) -> Plan:
+    """The compiled plan of a run's recorded definition, cached by its hash (a plan is
+    immutable and the same for every run of one definition)."""
+    plan = _PLANS.get(run.definition_hash)
+    if plan is None:
+        if len(_PLANS) > 256:
+            _PLANS.clear()
+        plan = _PLANS[run.definition_hash] = compile_any(run.definition)
+    return plan

@@ -1,0 +1,56 @@
+"""Deciding what a run does next: ``decide(plan, run) -> actions``. Pure.
+
+The scheduler reads only the compiled plan and the run's folded state; it never reads
+the clock, the environment or randomness, so replaying a history through it reproduces
+the recorded decisions. Each composition form has its own readiness rules
+(:mod:`~saga.scheduler.step_list`, :mod:`~saga.scheduler.graph`); what they share
+(retries, interrupts, auto-heal, compensation) is :mod:`~saga.scheduler.policy`, and
+what they decide is :mod:`~saga.scheduler.actions`.
+"""
+
+from __future__ import annotations
+
+from saga.composition import Plan
+from saga.composition.graph_form import GraphPlan
+from saga.domain import Run
+from saga.scheduler import graph, step_list
+from saga.scheduler.actions import (
+    Action,
+    CompensateStep,
+    CompleteStep,
+    FailStep,
+    FinishRun,
+    Recorded,
+    RequestApproval,
+    RunRemedy,
+    SkipStep,
+    StartCompensation,
+    StartLoop,
+    StartStep,
+)
+from saga.scheduler.policy import (
+    compensation_order,
+    heal_decision,
+    interrupted,
+    is_loop_parent,
+    max_attempts,
+    namespace,
+    retry_decision,
+    retry_pending,
+)
+from saga.scheduler.step_list import confirmation_message, layer_report
+
+__all__ = [
+    "Action", "CompensateStep", "CompleteStep", "FailStep", "FinishRun", "Recorded",
+    "RequestApproval", "RunRemedy", "SkipStep", "StartCompensation", "StartLoop", "StartStep",
+    "compensation_order", "confirmation_message", "decide", "heal_decision", "interrupted",
+    "is_loop_parent", "layer_report", "max_attempts", "namespace", "retry_decision",
+    "retry_pending",
+]
+
+
+def decide(plan: Plan, run: Run) -> list[Action]:
+    """The actions that follow from the run's recorded state; empty when it must wait."""
+    if isinstance(plan, GraphPlan):
+        return graph.decide(plan, run)
+    return step_list.decide(plan, run)

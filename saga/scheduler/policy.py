@@ -1,0 +1,179 @@
+"""The rules both composition forms share: what a run's expressions see, retries and
+their limits, interrupted attempts, auto-heal, and compensation (its order, each step's
+undo, and how a rolled-back run ends). Pure, like the rest of the scheduler.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from saga import expressions
+from saga.composition import Plan
+from saga.composition.definition import Step
+from saga.domain import Run, StepState, step_key
+from saga.errors import ExpressionError
+from saga.scheduler.actions import CompensateStep, FailStep, FinishRun
+from saga.secrets import SecretNames
+
+
+def namespace(plan: Plan, run: Run) -> dict[str, Any]:
+    """Everything expressions may read: inputs, context and each step's recorded output
+    (by output key and by id; ``null`` for a step that has not completed)."""
+    outputs: dict[str, Any] = {}
+    for step in plan.definition.steps:
+        state = run.steps.get(step_key(step.id))
+        recorded = state is not None and state["status"] in ("completed", "compensated")
+        outputs[step.id] = state["output"] if recorded else None
+    names: dict[str, Any] = {}
+    for step in plan.definition.steps:
+        names[step.id] = outputs[step.id]
+        names[step.key] = outputs[step.id]
+    names.update(inputs=run.inputs, input=run.inputs, context=run.context, steps=outputs,
+                 secret=SecretNames())
+    return names
+
+
+def retry_pending(state: StepState | dict[str, Any]) -> bool:
+    """A failed attempt that will run again (at ``retry_at``)."""
+    return state["status"] == "failed" and state.get("retry_at") is not None
+
+
+def is_loop_parent(plan: Plan, state: dict[str, Any]) -> bool:
+    """True for the state of a for-each or repeat step itself (not one of its iterations)."""
+    return state["iteration"] == 0 and plan.step(state["step_id"]).iterates
+
+
+def heal_decision(plan: Plan, run: Run, step_id: str, iteration: int, error_type: str,
+                  message: str) -> tuple[int, list[dict[str, Any]]] | None:
+    """The auto-heal handler a failed attempt triggers, with its remedies rendered; None
+    when no handler matches or every matching one has fired ``max`` times."""
+    step = plan.step(step_id)
+    if not step.heal:
+        return None
+    state = run.step(step_key(step_id, iteration))
+    names = dict(namespace(plan, run), error={"type": error_type, "message": message})
+    for index, handler in enumerate(step.heal):
+        if state.get("heals", {}).get(str(index), 0) >= handler.max:
+            continue
+        try:
+            if not expressions.evaluate(handler.when, names):
+                continue
+            remedies = [{"tool": call.tool, "parameters": expressions.render(call.parameters,
+                                                                             names)}
+                        for call in handler.do]
+        except ExpressionError:
+            continue
+        return index, remedies
+    return None
+
+
+def compensation_order(plan: Plan, run: Run) -> list[str]:
+    """Completed steps (each completed loop iteration on its own) that declare a
+    compensation, most recently completed first."""
+    return [key for key in reversed(run.completion_order)
+            if plan.step(run.steps[key]["step_id"]).compensation is not None
+            and not is_loop_parent(plan, run.steps[key])]
+
+
+def interrupted(plan: Plan, run: Run) -> list[FailStep]:
+    """What to do with attempts a dead worker started and never finished.
+
+    Called when a worker takes a run over: every step still ``running`` was interrupted.
+    An idempotent step, or one with ``on_interrupt: retry`` (the default), runs again at
+    once with the same idempotency key; ``fail`` and ``compensate`` fail it for good (the
+    latter also undoing the step itself, since its effect may have happened).
+    """
+    actions = []
+    for state in run.steps.values():
+        if state["status"] != "running" or is_loop_parent(plan, state):
+            continue
+        step = plan.step(state["step_id"])
+        again = step.idempotent or step.on_interrupt == "retry"
+        actions.append(FailStep(state["step_id"], state["iteration"], state["attempt"],
+                                "Interrupted", "the worker running this attempt stopped",
+                                retry_at=state["attempt_started_at"] if again else None))
+    return actions
+
+
+def retry_decision(plan: Plan, step_id: str, attempt: int, error_type: str,
+                   tool_says_retryable: bool = True) -> bool:
+    """Whether a failed attempt gets another: the step's policy, pure."""
+    step = plan.step(step_id)
+    if not tool_says_retryable or attempt >= max_attempts(plan, step):
+        return False
+    policy = step.retry
+    if policy is not None:
+        if error_type in policy.non_retryable:
+            return False
+        if policy.retry_on is not None and error_type not in policy.retry_on:
+            return False
+    return error_type not in ("ExpressionError", "ApprovalRejected", "UnknownToolError")
+
+
+def max_attempts(plan: Plan, step: Step) -> int:
+    """How many attempts a step gets: retry policy, retry_count, on_error retry:N, or the
+    composition's ``error_handling.max_retries`` (3 under the ``retry`` strategy)."""
+    if step.retry is not None:
+        return step.retry.max_attempts
+    if step.retry_count is not None:
+        return step.retry_count + 1
+    if step.on_error.startswith("retry:"):
+        return int(step.on_error.split(":", 1)[1]) + 1
+    handling = plan.definition.error_handling
+    retries = handling.max_retries
+    if (handling.failure_strategy == "retry" or step.layer == "execution") and retries == 0:
+        retries = 3  # execution-layer steps retry with backoff unless told otherwise
+    return retries + 1
+
+
+def next_compensation(plan: Plan, run: Run, names: dict[str, Any]) -> CompensateStep | None:
+    """The next compensation a compensating run performs, None once all are done.
+
+    ``names`` is the run's expression namespace; each compensation also sees its step's
+    recorded ``output`` and ``parameters`` and the run's ``error``.
+    """
+    comp = run.compensation
+    assert comp is not None
+    # An attempt cut short after the compensation order was fixed (its driver lost the
+    # race to a cancel) may have had its effect: undo it too, after the others.
+    maybe_done = [k for k, s in run.steps.items() if k not in comp["steps"]
+                  and s["status"] == "failed" and (s.get("error") or {}).get("type")
+                  == "Interrupted" and plan.step(s["step_id"]).compensation is not None]
+    for key in [*comp["steps"], *maybe_done]:
+        if key in comp["done"]:
+            continue
+        state = run.steps[key]
+        step = plan.step(state["step_id"])
+        compensation = step.compensation
+        assert compensation is not None
+        scope = dict(names, output=state["output"], parameters=state.get("parameters"),
+                     error=run.error)
+        if step.loop is not None and state["iteration"] > 0:
+            items = run.steps[step_key(step.id)]["parameters"]["items"]
+            scope.update({step.loop_var: items[state["iteration"] - 1],
+                          "loop_index": state["iteration"] - 1})
+        if compensation.uses_tool_compensation:
+            return CompensateStep(step.id, state["iteration"], None, state.get("parameters"))
+        try:
+            parameters = expressions.render(compensation.parameters, scope)
+        except ExpressionError as e:
+            return CompensateStep(step.id, state["iteration"], compensation.tool, None,
+                                  error=str(e))
+        return CompensateStep(step.id, state["iteration"], compensation.tool, parameters)
+    return None
+
+
+def compensation_ending(run: Run, failed: str | None, outputs: Any) -> FinishRun:
+    """How a run whose compensations all ran ends: ``failed`` if one of them failed
+    (listing which), ``cancelled`` if a person cancelled it, else ``compensated``.
+    ``failed`` is the key of the step whose failure started the rollback, if any."""
+    comp = run.compensation
+    assert comp is not None
+    error = dict(run.step(failed).get("error") or {}, step=failed) if failed \
+        else {"message": comp["reason"]}
+    broken = [k for k, v in comp["done"].items() if v == "failed"]
+    if broken:
+        return FinishRun("failed", outputs, dict(error, compensation_failed=broken), failed)
+    if comp.get("cancel"):
+        return FinishRun("cancelled", error={"message": comp["reason"]}, actor=comp.get("actor"))
+    return FinishRun("compensated", outputs, error, failed)
