@@ -16,14 +16,14 @@ import logging
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from saga import composition, expressions, replay, secrets
 from saga.audit import REDACTED
 from saga.composition import Plan, plan_of
 from saga.composition.definition import resolve_inputs
 from saga.config import Settings, load_settings
-from saga.domain import Run
+from saga.domain import Run, RunStatus
 from saga.errors import (
     ConcurrentWriteError,
     ExpressionError,
@@ -387,6 +387,20 @@ def _row_summary(row: dict[str, Any]) -> dict[str, Any]:
             "definition_hash": row["definition_hash"], "started_at": row["started_at"],
             "finished_at": row["finished_at"], "duration_ms": row["duration_ms"],
             "error": error, "failed_step": row["failed_step"]}
+
+
+class RunState(TypedDict, total=False):
+    """A run as a JSON object (:func:`run_summary`'s shape, without its steps)."""
+
+    run_id: str
+    name: str
+    status: RunStatus
+    actor: str | None
+    started_at: str
+    finished_at: str | None
+    outputs: Any
+    error: dict[str, Any] | None
+    failed_step: str | None
 
 
 def run_summary(run: Run, steps: bool = True) -> dict[str, Any]:

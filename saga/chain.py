@@ -55,3 +55,13 @@ def event_hash(event_type: str, version: int, timestamp: str, actor: str | None,
 def sign(key: bytes, digest: str) -> str:
     """HMAC-SHA256 of a chain link."""
     return hmac.new(key, digest.encode(), hashlib.sha256).hexdigest()
+
+
+def link_fields(event_type: str, version: int, timestamp: str, actor: str | None,
+                fields: dict[str, Any], prev: str, key: bytes | None) -> dict[str, Any]:
+    """The chain fields of a new event: its actor, predecessor link, payload hash and,
+    with an audit key, the HMAC of its own link."""
+    digest = payload_hash(payload_of(fields))
+    link = event_hash(event_type, version, timestamp, actor, digest, prev)
+    return {"actor": actor, "prev_hash": prev, "payload_hash": digest,
+            "mac": sign(key, link) if key else None}

@@ -17,7 +17,7 @@ from uuid import UUID, uuid4, uuid5
 
 from eventsourcing.domain import Aggregate
 
-from saga.chain import CHAIN_FIELDS, GENESIS, event_hash, payload_hash, payload_of, sign
+from saga.chain import CHAIN_FIELDS, GENESIS, event_hash, link_fields
 
 _ENVELOPE = ("originator_id", "originator_version", "timestamp", "originator_topic")
 
@@ -25,7 +25,6 @@ RunStatus = Literal["running", "waiting", "completed", "failed", "compensating",
                    "cancelled"]
 StepStatus = Literal["pending", "running", "completed", "failed", "skipped", "compensated"]
 RUN_STATUSES: tuple[RunStatus, ...] = get_args(RunStatus)
-STEP_STATUSES: tuple[StepStatus, ...] = get_args(StepStatus)
 TERMINAL: frozenset[RunStatus] = frozenset({"completed", "failed", "compensated", "cancelled"})
 
 #: Every event a run records, by name: the log's vocabulary (a stored topic is
@@ -62,20 +61,6 @@ class StepState(TypedDict, total=False):
     healing: dict[str, Any] | None
     heals: dict[str, int]
     cache: dict[str, Any] | None
-
-
-class RunState(TypedDict, total=False):
-    """A run as a JSON object (:func:`saga.api.run_summary`'s shape, without steps)."""
-
-    run_id: str
-    name: str
-    status: RunStatus
-    actor: str | None
-    started_at: str
-    finished_at: str | None
-    outputs: Any
-    error: dict[str, Any] | None
-    failed_step: str | None
 
 
 def event_name(topic: str) -> str:
@@ -192,7 +177,8 @@ class Run(Aggregate):
         fields = {"definition": definition, "definition_hash": definition_hash,
                   "inputs": inputs, "context": context, "options": options}
         timestamp = cls.RunStarted.create_timestamp()
-        chain = _chain(cls.RunStarted, 1, timestamp, context.get("actor"), fields, GENESIS)
+        chain = link_fields("RunStarted", 1, iso(timestamp), context.get("actor"), fields,
+                            GENESIS, cls.audit_key)
         uid = UUID(run_id) if run_id else uuid4()
         return cls._create(cls.RunStarted, id=uid, timestamp=timestamp, **fields, **chain)
 
@@ -208,7 +194,8 @@ class Run(Aggregate):
                 kwargs[f.name] = f.default_factory()
         timestamp = event_class.create_timestamp()
         actor = kwargs.pop("actor", None) or self.actor
-        chain = _chain(event_class, self.version + 1, timestamp, actor, kwargs, self.head_hash)
+        chain = link_fields(event_class.__name__, self.version + 1, iso(timestamp), actor,
+                            kwargs, self.head_hash, self.audit_key)
         super().trigger_event(event_class, timestamp=timestamp, **kwargs, **chain)
 
     def __init__(self, definition: dict[str, Any], definition_hash: str,
@@ -365,8 +352,6 @@ class Run(Aggregate):
                 s.setdefault("healed", []).append(healing)
                 s["healing"] = None
 
-    # -- approvals ---------------------------------------------------------------------
-
     class ApprovalRequested(Event):
         """A step waits for a person's decision before it runs."""
 
@@ -470,8 +455,6 @@ class Run(Aggregate):
             aggregate.error, aggregate.failed_step, aggregate.finished_at = None, None, None
             aggregate.outputs = None
             aggregate.retried = getattr(aggregate, "retried", 0) + 1
-
-    # -- run outcomes ------------------------------------------------------------------
 
     class RunCompleted(Event):
         """Every step finished and the outputs were built."""
@@ -614,12 +597,3 @@ class Run(Aggregate):
     def cancel(self, actor: str, reason: str | None = None) -> None:
         """Record that the run was cancelled."""
         self.trigger_event(self.RunCancelled, actor=actor, reason=reason)
-
-
-def _chain(event_class: Any, version: int, timestamp: Any, actor: str | None,
-           fields: dict[str, Any], prev: str) -> dict[str, Any]:
-    digest = payload_hash(payload_of(fields))
-    link = event_hash(event_class.__name__, version, iso(timestamp), actor, digest, prev)
-    key = Run.audit_key
-    return {"actor": actor, "prev_hash": prev, "payload_hash": digest,
-            "mac": sign(key, link) if key else None}

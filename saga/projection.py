@@ -26,7 +26,15 @@ from typing import Any
 
 from eventsourcing.persistence import Notification
 
-from saga.domain import Run, ms_between
+from saga.domain import (
+    DECISIONS,
+    EVENT_TYPES,
+    TOPIC_PREFIX,
+    Run,
+    event_name,
+    ms_between,
+    status_after,
+)
 from saga.store.application import SagaApplication
 from saga.store.side_tables import Database
 
@@ -55,13 +63,8 @@ DDL = (
 )
 _FOLLOW_CHUNK = 500  # follow() checks stop() at least every this many events
 
-_RUN_TOPICS = frozenset({
-    "saga.RunStarted", "saga.StepStarted", "saga.StepCompleted", "saga.StepFailed",
-    "saga.StepSkipped", "saga.ApprovalRequested", "saga.ApprovalGranted",
-    "saga.ApprovalRejected", "saga.CompensationStarted", "saga.StepCompensated",
-    "saga.CompensationFailed", "saga.RunCompleted", "saga.RunFailed", "saga.RunCompensated",
-    "saga.RunCancelled", "saga.RunRetried"})
-_DECISIONS = frozenset({"saga.ApprovalGranted", "saga.ApprovalRejected"})
+_RUN_TOPICS = frozenset(TOPIC_PREFIX + name for name in EVENT_TYPES)
+_DECISIONS = frozenset(TOPIC_PREFIX + name for name in DECISIONS)
 Row = dict[str, Any]
 StepKey = tuple[str, str, int]  # (run_id, step_id, iteration)
 
@@ -117,57 +120,49 @@ class _Fold:
         run["version"] = e.originator_version
         self.dirty_runs.add(run_id)
         ts = _ts(e.timestamp)
-        match topic:
-            case "saga.RunStarted":
+        kind = event_name(topic)
+        run["status"] = status_after(kind, run["status"], still_waiting=waiting)
+        match kind:
+            case "RunStarted":
                 d = e.definition
                 run.update(definition_name=str(d.get("name", "")),
                            definition_version=str(d.get("version", "1")),
                            definition_hash=e.definition_hash, actor=e.context.get("actor"),
                            started_at=ts)
-            case "saga.StepStarted":
+            case "StepStarted":
                 s = self.step(run_id, e.step_id, e.iteration)
                 # A retry clears the previous attempt's end; started_at stays the first
                 # attempt's start (as in the Run fold, so duration covers all attempts).
                 s.update(status="running", attempts=max(s["attempts"], e.attempt), error=None,
                          started_at=s["started_at"] or ts, finished_at=None, duration_ms=None)
-            case "saga.StepCompleted" | "saga.StepFailed":
+            case "StepCompleted" | "StepFailed":
                 s = self.step(run_id, e.step_id, e.iteration)
-                failed = topic == "saga.StepFailed"
+                failed = kind == "StepFailed"
                 s.update(status="failed" if failed else "completed", finished_at=ts,
                          duration_ms=ms_between(s["started_at"], ts),
                          error=_json({"type": e.error_type, "message": e.message})
                          if failed else None)
-            case "saga.StepSkipped":
+            case "StepSkipped":
                 self.step(run_id, e.step_id, e.iteration).update(status="skipped",
                                                                  finished_at=ts)
-            case "saga.StepCompensated":
+            case "StepCompensated":
                 self.step(run_id, e.step_id, e.iteration).update(status="compensated",
                                                                  compensated_at=ts)
-            case "saga.ApprovalRequested":
-                run["status"] = "waiting"
-            case "saga.ApprovalGranted" | "saga.ApprovalRejected":
-                if run["status"] == "waiting" and not waiting:
-                    run["status"] = "running"
-            case "saga.CompensationStarted":
-                run["status"] = "compensating"
-            case "saga.RunCompleted":
-                self._finish(run, "completed", ts)
-            case "saga.RunFailed" | "saga.RunCompensated":
-                status = "failed" if topic == "saga.RunFailed" else "compensated"
-                self._finish(run, status, ts, e.error)
+            case "RunCompleted":
+                self._finish(run, ts)
+            case "RunFailed" | "RunCompensated":
+                self._finish(run, ts, e.error)
                 run["failed_step"] = e.failed_step
-            case "saga.RunRetried":
+            case "RunRetried":
                 # The run is live again: its last outcome no longer describes it.
-                run.update(status="running", finished_at=None, duration_ms=None,
-                           failed_step=None, error=None)
-            case "saga.RunCancelled":
-                self._finish(run, "cancelled", ts,
-                             {"type": "cancelled", "message": e.reason or "cancelled"})
+                run.update(finished_at=None, duration_ms=None, failed_step=None, error=None)
+            case "RunCancelled":
+                self._finish(run, ts, {"type": "cancelled", "message": e.reason or "cancelled"})
             # CompensationFailed changes no column: the step stays "completed".
 
     @staticmethod
-    def _finish(run: Row, status: str, ts: str, error: Any = None) -> None:
-        run.update(status=status, finished_at=ts, duration_ms=ms_between(run["started_at"], ts),
+    def _finish(run: Row, ts: str, error: Any = None) -> None:
+        run.update(finished_at=ts, duration_ms=ms_between(run["started_at"], ts),
                    error=_json(error))
 
 

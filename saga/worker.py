@@ -39,7 +39,7 @@ class RunIndex:
         while True:
             page = self.app.recorder.select_notifications(start=self.position + 1, limit=1000)
             for n in page:
-                if n.topic == "saga.RunStarted" and _has_parent(n.state):
+                if event_name(n.topic) == "RunStarted" and _has_parent(n.state):
                     continue  # a child run is driven by its parent's step, never on its own
                 self._apply(str(n.originator_id), n.topic)
             if page:

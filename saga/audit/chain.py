@@ -54,6 +54,7 @@ from typing import Any
 from uuid import UUID
 
 from saga.chain import GENESIS, event_hash, payload_hash, payload_of, sign
+from saga.domain import ENDINGS
 
 log = logging.getLogger(__name__)
 
@@ -95,13 +96,12 @@ REDACTABLE: dict[str, tuple[str, ...]] = {
 #: Event types that end a run.
 
 
-TERMINAL_TYPES = frozenset({"RunCompleted", "RunFailed", "RunCompensated", "RunCancelled"})
+TERMINAL_TYPES = frozenset(ENDINGS)
 
 
 FIRST_TYPE = "RunStarted"
 
 
-TOPIC_PREFIX = "saga."
 
 # The library's table names: SQLite always uses stored_*; PostgreSQL uses <app name>_*.
 

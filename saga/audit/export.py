@@ -11,7 +11,6 @@ from saga.audit.chain import (
     EVENT_DELETED,
     FORGED,
     INSERTED_OR_REORDERED,
-    TOPIC_PREFIX,
     Record,
     Result,
     _broken,
@@ -23,6 +22,7 @@ from saga.audit.store import (
 )
 from saga.chain import CHAIN_FIELDS
 from saga.config import Settings
+from saga.domain import TOPIC_PREFIX
 from saga.errors import RunNotFoundError
 
 

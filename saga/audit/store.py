@@ -12,12 +12,12 @@ from uuid import UUID
 
 from saga.audit.chain import (
     _UNREADABLE,
-    TOPIC_PREFIX,
     Record,
     Result,
     verify_records,
 )
 from saga.config import Settings
+from saga.domain import TOPIC_PREFIX
 from saga.errors import RunNotFoundError, StoreUnavailableError, first_line
 from saga.store.side_tables import Database
 

@@ -17,7 +17,7 @@ from eventsourcing.application import AggregateNotFoundError, Application
 from eventsourcing.persistence import IntegrityError, PersistenceError
 
 from saga.config import Settings
-from saga.domain import Run, iso
+from saga.domain import TOPIC_PREFIX, Run, iso
 from saga.errors import (
     ConcurrentWriteError,
     RunNotFoundError,
@@ -108,7 +108,7 @@ class SagaApplication(Application):
             position = start
             while True:
                 page = self.recorder.select_notifications(start=position, limit=500,
-                                                          topics=["saga.RunStarted"])
+                                                          topics=[TOPIC_PREFIX + "RunStarted"])
                 if not page:
                     return
                 for n in page:
