@@ -49,9 +49,9 @@ from typing import Any
 
 import saga
 from saga.api import Saga
+from saga.composition import Plan
 from saga.config import Settings
 from saga.domain import Run
-from saga.plan import Plan
 from saga.tools import Registry, ToolContext, load_registry
 
 HERE = Path(__file__).resolve().parent

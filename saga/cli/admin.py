@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import signal
 
 import click
 
@@ -26,7 +27,7 @@ from saga.cli.app import (
 def worker(concurrency: int, until_idle: bool, worker_id: str | None,
            lease_seconds: float | None, poll: float, tools: tuple[str, ...]) -> None:
     """Claim runnable runs and drive them (new, interrupted, approved, redriven)."""
-    import signal
+
 
     saga = _saga(tools)
     stopping: list[int] = []
@@ -51,7 +52,7 @@ def projection() -> None:
 @click.option("--poll", type=click.FloatRange(0.05, 60), default=0.5, show_default=True)
 def projection_run(follow: bool, poll: float) -> None:
     """Apply the events the read model has not seen yet (and, with --follow, keep going)."""
-    import signal
+
 
     saga = _saga()
     applied = saga.projection.catch_up()

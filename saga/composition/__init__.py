@@ -15,7 +15,7 @@ from typing import Any
 
 from saga.composition.definition import load_file
 from saga.composition.graph_form import GraphPlan, compile_graph
-from saga.composition.library import find_template
+from saga.composition.library import SUFFIXES, find_template
 from saga.composition.plan import Plan, compile_plan
 from saga.domain import Run
 from saga.errors import DefinitionError, Problem
@@ -34,11 +34,14 @@ def compile_any(data: dict[str, Any], *, tools: Tools = None, source: str | None
 
 
 def load(source: str | Path | Mapping[str, Any], tools: Tools = None) -> Plan:
-    """Load and validate a composition (a file path or raw data) into a plan, with the
-    compositions its ``use`` steps name; every problem of all of them at once."""
+    """Load and validate a composition (a file path, a template's name, or raw data) into
+    a plan, with the compositions its ``use`` steps name; every problem of all of them at
+    once."""
     if isinstance(source, Mapping):
         plan = compile_any(dict(source), tools=tools)
     else:
+        if not Path(source).exists() and Path(source).suffix in ("", *SUFFIXES):
+            source = resolve(str(source))  # a template's name where a file is expected
         plan = compile_any(load_file(source), tools=tools, source=str(source))
     problems = []
     for i, step in enumerate(plan.definition.steps):

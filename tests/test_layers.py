@@ -1,0 +1,147 @@
+"""The package reads as the data flow: no module imports from a stage above its own, the
+import graph has no cycle, and imports are at module level except optional drivers.
+
+The stages, top to bottom (DESIGN.md §2). A module may import its own package, and any
+module of its own stage or a stage below; never one above. ``TYPE_CHECKING`` imports are
+for annotations only and are not counted.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "saga"
+
+STAGES: list[set[str]] = [
+    {"saga.cli", "saga.server", "saga.__main__", "saga"},
+    {"saga.report"},
+    {"saga.api"},
+    {"saga.worker"},
+    {"saga.executor", "saga.replay"},
+    {"saga.scheduler", "saga.audit", "saga.projection"},
+    {"saga.tools", "saga.composition", "saga.store", "saga.diagram"},
+    {"saga.secrets", "saga.config", "saga.expressions", "saga.domain"},
+    {"saga.errors", "saga.chain"},
+]
+#: Third-party modules a function may import when it first needs them: drivers and
+#: optional extras, so that importing saga (and starting the CLI) loads none of them.
+OPTIONAL_DRIVERS = {"psycopg", "psycopg_pool", "mcp", "anyio", "rich", "uvicorn", "fastapi",
+                    "starlette", "httpx", "opentelemetry", "prometheus_client", "croniter",
+                    "signal"}
+
+
+def module_name(path: Path) -> str:
+    """``saga/executor/drive.py`` -> ``saga.executor.drive``."""
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def stage_of(module: str) -> int:
+    """The stage a module belongs to: that of its longest listed prefix."""
+    best, found = -1, None
+    for level, names in enumerate(STAGES):
+        for name in names:
+            if (module == name or module.startswith(name + ".")) and len(name) > best:
+                best, found = len(name), level
+    assert found is not None, f"{module} is in no stage: add it to STAGES"
+    return found
+
+
+def _type_checking(node: ast.If) -> bool:
+    return isinstance(node.test, ast.Name | ast.Attribute) and \
+        ast.unparse(node.test).endswith("TYPE_CHECKING")
+
+
+def imports(path: Path) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """(module-level saga imports, imports inside functions), each with its line."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    top: list[tuple[str, int]] = []
+    nested: list[tuple[str, int]] = []
+
+    def names(node: ast.Import | ast.ImportFrom) -> list[str]:
+        if isinstance(node, ast.Import):
+            return [a.name for a in node.names]
+        base = node.module or ""
+        if node.level:  # relative: resolve against this module's package
+            package = module_name(path).rsplit(".", node.level - (path.stem == "__init__"))[0]
+            base = f"{package}.{base}" if base else package
+        # `from saga import audit` imports the module saga.audit, not just the package
+        return [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base
+                for a in node.names]
+
+    def visit(node: ast.AST, inside: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _type_checking(child):
+                continue
+            if isinstance(child, ast.Import | ast.ImportFrom):
+                (nested if inside else top).extend((n, child.lineno) for n in names(child))
+            visit(child, inside or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef))
+    visit(tree, False)
+    return top, nested
+
+
+MODULES = {module_name(p) for p in PACKAGE.rglob("*.py")}
+FILES = sorted(PACKAGE.rglob("*.py"))
+
+
+def _package(module: str) -> str:
+    return module.split(".")[1] if module.count(".") else module
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: module_name(p))
+def test_no_import_points_up(path: Path) -> None:
+    here = module_name(path)
+    for target, line in imports(path)[0]:
+        if not target.startswith("saga") or (target == "saga" and here != "saga"):
+            assert target != "saga" or here in ("saga", "saga.__main__"), \
+                f"{path}:{line} imports the package root (import the stage instead)"
+            continue
+        if _package(target) == _package(here):
+            continue  # a package may use its own modules
+        assert stage_of(target) >= stage_of(here), \
+            f"{path}:{line}: {here} imports {target}, a stage above it"
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: module_name(p))
+def test_no_deferred_import(path: Path) -> None:
+    for target, line in imports(path)[1]:
+        root = target.split(".")[0]
+        assert root in OPTIONAL_DRIVERS, \
+            f"{path}:{line} imports {target} inside a function; import it at the top " \
+            "(only optional drivers may load late)"
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    graph = nx.DiGraph()
+    for path in FILES:
+        here = module_name(path)
+        graph.add_node(here)
+        for target, _ in imports(path)[0]:
+            if target in MODULES and target != here and not here.startswith(target + "."):
+                graph.add_edge(here, target)
+    cycles = list(nx.simple_cycles(graph))
+    assert not cycles, f"import cycles: {cycles[:3]}"
+
+
+def test_the_layering_test_catches_an_upward_import(tmp_path: Path) -> None:
+    """The checks above can fail: a scheduler module importing the executor is caught."""
+    bad = PACKAGE / "scheduler" / "_layering_probe.py"
+    bad.write_text("from saga.executor import Executor\n", encoding="utf-8")
+    try:
+        with pytest.raises(AssertionError, match="a stage above it"):
+            test_no_import_points_up(bad)
+    finally:
+        bad.unlink()
+    nested = tmp_path / "probe.py"
+    nested.write_text("def f():\n    import saga.api\n", encoding="utf-8")
+    assert imports(nested)[1] == [("saga.api", 2)]
+
+
+def test_no_module_is_over_600_lines() -> None:
+    long = {module_name(p): n for p in FILES
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > 600}
+    assert not long, f"split these modules: {long}"
