@@ -13,13 +13,30 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 from typing import Any
 
 #: Fields every event carries for the audit chain, apart from its payload.
 CHAIN_FIELDS = ("actor", "prev_hash", "payload_hash", "mac")
-#: The predecessor link of a run's first event.
+#: The predecessor link of a run's first event in logs written before runs were bound to
+#: their ids (still accepted; see :func:`genesis`).
 GENESIS = ""
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _ENVELOPE = ("originator_id", "originator_version", "timestamp", "originator_topic")
+
+
+def json_safe(value: Any) -> Any:
+    """The value with every lone surrogate (text no UTF-8 can hold, such as a JSON
+    ``"\\ud800"`` escape decodes to) replaced by U+FFFD, in strings and keys alike: what a
+    tool answers or a user sends must be recordable, or the step could never be recorded
+    as finished and would run again and again."""
+    if isinstance(value, str):
+        return value if _SURROGATE.search(value) is None else _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {json_safe(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def canonical(value: Any) -> bytes:
@@ -31,6 +48,13 @@ def canonical(value: Any) -> bytes:
 def definition_hash(data: dict[str, Any]) -> str:
     """sha256 hex digest of canonical JSON (sorted keys, no whitespace)."""
     return hashlib.sha256(canonical(data)).hexdigest()
+
+
+def genesis(run_id: str) -> str:
+    """The predecessor link of a run's first event: it binds the whole chain (and, through
+    each link, every HMAC) to the run's id, so a history copied under another run id no
+    longer verifies."""
+    return hashlib.sha256(f"saga-run:{run_id}".encode()).hexdigest()
 
 
 def payload_of(fields: dict[str, Any]) -> dict[str, Any]:

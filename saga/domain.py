@@ -17,7 +17,7 @@ from uuid import UUID, uuid4, uuid5
 
 from eventsourcing.domain import Aggregate
 
-from saga.chain import CHAIN_FIELDS, GENESIS, event_hash, link_fields
+from saga.chain import CHAIN_FIELDS, GENESIS, event_hash, genesis, link_fields
 
 _ENVELOPE = ("originator_id", "originator_version", "timestamp", "originator_topic")
 
@@ -177,9 +177,9 @@ class Run(Aggregate):
         fields = {"definition": definition, "definition_hash": definition_hash,
                   "inputs": inputs, "context": context, "options": options}
         timestamp = cls.RunStarted.create_timestamp()
-        chain = link_fields("RunStarted", 1, iso(timestamp), context.get("actor"), fields,
-                            GENESIS, cls.audit_key)
         uid = UUID(run_id) if run_id else uuid4()
+        chain = link_fields("RunStarted", 1, iso(timestamp), context.get("actor"), fields,
+                            genesis(str(uid)), cls.audit_key)
         return cls._create(cls.RunStarted, id=uid, timestamp=timestamp, **fields, **chain)
 
     def trigger_event(self, event_class: Any, **kwargs: Any) -> None:

@@ -53,7 +53,7 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
-from saga.chain import GENESIS, event_hash, payload_hash, payload_of, sign
+from saga.chain import GENESIS, event_hash, genesis, payload_hash, payload_of, sign
 from saga.domain import ENDINGS
 
 log = logging.getLogger(__name__)
@@ -72,10 +72,12 @@ FORGED = "forged"
 
 
 NOT_A_CHAIN = "not a chain"
+TRANSPLANTED = "transplanted"
 #: Every reason a verification can fail with.
 
 
-REASONS = (PAYLOAD_EDITED, EVENT_DELETED, INSERTED_OR_REORDERED, FORGED, NOT_A_CHAIN)
+REASONS = (PAYLOAD_EDITED, EVENT_DELETED, INSERTED_OR_REORDERED, FORGED, NOT_A_CHAIN,
+           TRANSPLANTED)
 
 #: The value a removed payload field is replaced with.
 
@@ -266,6 +268,7 @@ def verify_records(records: Sequence[Record], key: bytes | str | None = None,
     last_terminal = max((i for i, r in enumerate(records) if r.type_name in TERMINAL_TYPES),
                         default=-1)
     redacted = 0
+    starts = (genesis(run_id), GENESIS)  # GENESIS: a run written before runs were bound
 
     def broken(at: int, reason: str, message: str) -> Result:
         return _broken(run_id, records, at, reason, message, redacted, keyed)
@@ -285,11 +288,16 @@ def verify_records(records: Sequence[Record], key: bytes | str | None = None,
             if v > 1:
                 missing = "event 1 is" if v == 2 else f"events 1..{v - 1} are"
                 return broken(1, EVENT_DELETED, f"the run's {missing} missing")
-            if v < 1 or kind != FIRST_TYPE or r.prev_hash != GENESIS:
+            if v == 1 and kind == FIRST_TYPE and r.prev_hash not in starts \
+                    and len(r.prev_hash) == 64:
+                return broken(v, TRANSPLANTED,
+                              f"event 1 was written for another run: its history was copied "
+                              f"under run id {run_id}")
+            if v < 1 or kind != FIRST_TYPE or r.prev_hash not in starts:
                 return broken(v, NOT_A_CHAIN,
                               f"the first event is {kind} version {v} with prev_hash "
                               f"{r.prev_hash!r}; a chain starts with {FIRST_TYPE} version 1 "
-                              "with an empty prev_hash")
+                              "whose prev_hash binds it to its run id")
         else:
             before = records[i - 1].version
             if v <= before:
@@ -303,7 +311,7 @@ def verify_records(records: Sequence[Record], key: bytes | str | None = None,
                 missing = (f"event {before + 1} is" if v == before + 2
                            else f"events {before + 1}..{v - 1} are")
                 return broken(before + 1, EVENT_DELETED, f"{missing} missing")
-            if kind == FIRST_TYPE or r.prev_hash == GENESIS:
+            if kind == FIRST_TYPE or r.prev_hash in starts:
                 return broken(v, INSERTED_OR_REORDERED,
                               f"event {v} ({kind}) claims to start the run")
             if r.prev_hash != links[i - 1]:

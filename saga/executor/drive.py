@@ -10,13 +10,14 @@ import logging
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 import tenacity
 
 from saga import expressions, scheduler, secrets
+from saga.chain import json_safe
 from saga.composition import Plan
 from saga.composition.definition import RetryPolicy, Step
 from saga.domain import Run, idempotency_key, step_key
@@ -60,6 +61,11 @@ class Outcome:
     duration_ms: int = 0
     cache: dict[str, Any] | None = None
 
+    def __post_init__(self) -> None:
+        # Whatever a tool answered must be recordable (promise 1 hangs on it).
+        object.__setattr__(self, "output", json_safe(self.output))
+        object.__setattr__(self, "message", json_safe(self.message))
+
 
 def wait_strategy(policy: RetryPolicy) -> tenacity.wait.wait_base:
     """A retry policy as tenacity's wait strategy: the one place specs become tenacity."""
@@ -91,7 +97,7 @@ class Drive:
         self.run = run
         self.plan = plan
         self.lease = lease
-        self.tasks: dict[asyncio.Task[Outcome], tuple[str, str, int]] = {}
+        self.tasks: dict[asyncio.Task[Outcome], tuple[str, str, int, int]] = {}
         self.timers: set[tuple[str, int, int]] = set()
         self.remedies: set[tuple[Any, ...]] = set()
         self.compensating: set[str] = set()
@@ -123,8 +129,7 @@ class Drive:
             if keeper is not None and keeper in done:
                 keeper.result()  # raises LeaseLostError
             for task in done:
-                self.tasks.pop(task)
-                self._record(task.result())
+                self._record(_outcome_of(task, *self.tasks.pop(task)))
 
     async def _keep_lease(self) -> None:
         """Renew the run's lease until the drive ends; raise when another worker took it."""
@@ -205,8 +210,13 @@ class Drive:
                 run.compensation_failed(outcome.step_id, outcome.iteration, outcome.error_type,
                                         outcome.message)
         elif outcome.ok:
-            run.complete_step(outcome.step_id, outcome.iteration, outcome.attempt,
-                              outcome.output, outcome.duration_ms, outcome.cache)
+            try:
+                run.complete_step(outcome.step_id, outcome.iteration, outcome.attempt,
+                                  outcome.output, outcome.duration_ms, outcome.cache)
+            except Exception as e:  # an output the log cannot hold is a failure, recorded
+                self._record_failure(replace(
+                    outcome, ok=False, output=None, error_type="OutputNotRecordable",
+                    message=f"the output cannot be recorded: {e}", retryable=False))
         else:
             self._record_failure(outcome)
 
@@ -243,16 +253,16 @@ class Drive:
         if kind == "timer":
             action, delay = payload
             coro = self._timer(action, delay)
-            ident = (kind, action.step_id, action.attempt)
+            ident = (kind, action.step_id, action.iteration, action.attempt)
         elif kind == "step":
             coro = self._call_step(payload)
-            ident = (kind, payload.step_id, payload.attempt)
+            ident = (kind, payload.step_id, payload.iteration, payload.attempt)
         elif kind == "remedy":
             coro = self._call_remedy(payload)
-            ident = (kind, payload.step_id, payload.index)
+            ident = (kind, payload.step_id, payload.iteration, payload.index)
         else:
             coro = self._call_compensation(payload)
-            ident = (kind, payload.step_id, 0)
+            ident = (kind, payload.step_id, payload.iteration, 1)
         self.tasks[asyncio.ensure_future(coro)] = ident
 
     async def _timer(self, action: StartStep, delay: float) -> Outcome:
@@ -440,6 +450,17 @@ def _check_expectation(step: Step, output: Any) -> None:
     if step.expect is not None and not expressions.evaluate(step.expect, {"output": output}):
         raise ToolError(f"expectation not met: {step.expect} (output {output!r:.200})",
                         error_type="ExpectationFailed", retryable=False)
+
+
+def _outcome_of(task: asyncio.Task[Outcome], kind: str, step_id: str, iteration: int,
+                number: int) -> Outcome:
+    """A finished call's outcome; an error no call path caught becomes a recorded failure
+    of that attempt, never an exception that leaves the attempt running forever."""
+    try:
+        return task.result()
+    except Exception as e:
+        return Outcome(kind, step_id, iteration, number, ok=False, error_type=type(e).__name__,
+                       message=f"unexpected error: {e}", retryable=False)
 
 
 def _check_json(value: Any) -> None:

@@ -80,19 +80,36 @@ def interrupted(plan: Plan, run: Run) -> list[FailStep]:
 
     Called when a worker takes a run over: every step still ``running`` was interrupted.
     An idempotent step, or one with ``on_interrupt: retry`` (the default), runs again at
-    once with the same idempotency key; ``fail`` and ``compensate`` fail it for good (the
-    latter also undoing the step itself, since its effect may have happened).
+    once with the same idempotency key while it has attempts left: an interrupted attempt
+    counts, so a tool that kills its worker stops after the step's ``max_attempts`` (or
+    :data:`INTERRUPT_ATTEMPTS` when the step sets no retry policy). ``fail`` and
+    ``compensate`` fail it for good (the latter also undoing the step itself, since its
+    effect may have happened).
     """
     actions = []
     for state in run.steps.values():
         if state["status"] != "running" or is_loop_parent(plan, state):
             continue
         step = plan.step(state["step_id"])
-        again = step.idempotent or step.on_interrupt == "retry"
+        again = (step.idempotent or step.on_interrupt == "retry") \
+            and state["attempt"] < interrupt_attempts(plan, step)
         actions.append(FailStep(state["step_id"], state["iteration"], state["attempt"],
                                 "Interrupted", "the worker running this attempt stopped",
                                 retry_at=state["attempt_started_at"] if again else None))
     return actions
+
+
+#: Attempts a step without a retry policy gets when its worker keeps dying under it.
+INTERRUPT_ATTEMPTS = 3
+
+
+def interrupt_attempts(plan: Plan, step: Step) -> int:
+    """How many attempts a step gets when attempts are interrupted: its own limit when it
+    declares one, else :data:`INTERRUPT_ATTEMPTS` (at-least-once, but not forever)."""
+    declared = step.retry is not None or step.retry_count is not None \
+        or step.on_error.startswith("retry:")
+    return max_attempts(plan, step) if declared else max(INTERRUPT_ATTEMPTS,
+                                                         max_attempts(plan, step))
 
 
 def retry_decision(plan: Plan, step_id: str, attempt: int, error_type: str,

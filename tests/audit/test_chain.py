@@ -22,6 +22,7 @@ from saga.audit import (
     NOT_A_CHAIN,
     PAYLOAD_EDITED,
     REDACTED,
+    TRANSPLANTED,
     Record,
 )
 from saga.audit.chain import link_of, payload_digest
@@ -268,9 +269,31 @@ def test_a_run_without_its_first_event_is_caught(saga: Saga, settings: Settings)
     broken(only(settings, deleted), 1, EVENT_DELETED)
     with Rows(settings, rewired) as rows:
         state = rows.state(1)
-        state["prev_hash"] = "f" * 64
+        state["prev_hash"] = "not a link"
         rows.put(1, state)
     broken(only(settings, rewired), 1, NOT_A_CHAIN)
+
+
+@pytest.mark.doctored
+@pytest.mark.parametrize("key", [None, "k3y"])
+def test_a_history_copied_under_another_run_id_is_caught(settings: Settings,
+                                                         registry: Registry,
+                                                         key: str | None) -> None:
+    """The chain binds its run id: a verbatim copy of a run's events under a new id (which
+    would otherwise pass, macs and all) is reported as transplanted, with or without the
+    audit key."""
+    keyed = replace(settings, audit_key=key)
+    with Saga(keyed, registry=registry) as s:
+        original = record(s)
+    copy = str(uuid.uuid4())
+    with Rows(keyed, original) as rows:
+        target = uuid.UUID(copy) if keyed.is_postgres else uuid.UUID(copy).hex
+        rows.run("INSERT INTO {t} (originator_id, originator_version, topic, state) "
+                 "SELECT ?, originator_version, topic, state FROM {t} WHERE originator_id = ?",
+                 target, rows.id)
+    assert audit.verify_store(keyed, [original])[0].ok
+    result = audit.verify_store(keyed, [copy])[0]
+    assert (result.ok, result.reason, result.broken_at) == (False, TRANSPLANTED, 1)
 
 
 def reforge(settings: Settings, run_id: str, version: int, change: dict[str, Any]) -> None:

@@ -156,3 +156,18 @@ def effect(params: dict, ctx: ToolContext) -> dict:
     if params.get("fail"):
         raise ToolError(f"effect {ctx.step_id} failed", retryable=False)
     return {"step": ctx.step_id, "value": params.get("value")}
+
+
+@tool("suicide")
+def suicide(params: dict, ctx: ToolContext) -> None:
+    """Records the call, then SIGKILLs its own process, every time."""
+    record("suicide", params, ctx)
+    os.kill(os.getpid(), 9)
+
+
+@tool("surrogate")
+def surrogate(params: dict, ctx: ToolContext) -> dict:
+    """Answers text no UTF-8 can hold (a lone surrogate, as ``json.loads('"\\ud800"')``
+    gives), as a broken HTTP service can."""
+    record("surrogate", params, ctx)
+    return {"text": "a\ud800b", "\udc00key": 1}

@@ -1,0 +1,58 @@
+"""No step runs without bound: an answer the log cannot hold as it is, an error no call
+path expected, and a tool that kills its worker each end in a recorded outcome."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from saga import Saga
+from saga.config import Settings
+from tests.executor.test_recovery import LEASE, ROOT, recover, store_env
+from tests.standins import standins
+
+
+def test_an_answer_with_a_lone_surrogate_is_recorded_once(saga: Saga) -> None:
+    standins.CALLS.clear()
+    run = saga.run(saga.load({"name": "s", "steps": [
+        {"id": "s", "tool": "surrogate", "retry": {"max_attempts": 3, "delay": 0.01}}]}))
+    assert run.status == "completed"
+    assert run.outputs == {"s": {"text": "a\ufffdb", "\ufffdkey": 1}}
+    assert [c["tool"] for c in standins.CALLS].count("surrogate") == 1
+    assert [e["type"] for e in saga.history(run.run_id)].count("StepStarted") == 1
+
+
+def test_an_unexpected_error_in_a_call_is_a_recorded_failure(saga: Saga,
+                                                            monkeypatch: object) -> None:
+    async def broken(self: object, action: object) -> None:
+        raise RuntimeError("the call path itself broke")
+
+    from saga.executor import drive
+    monkeypatch.setattr(drive.Drive, "_call_step", broken)  # type: ignore[attr-defined]
+    run = saga.run(saga.load({"name": "u", "steps": [{"id": "a", "tool": "noop"}]}))
+    assert run.status == "failed"
+    failed = [e for e in saga.history(run.run_id) if e["type"] == "StepFailed"]
+    assert [(e["payload"]["error_type"], e["payload"]["attempt"]) for e in failed] == [
+        ("RuntimeError", 1)]
+
+
+def test_a_tool_that_kills_its_worker_stops_after_max_attempts(settings: Settings,
+                                                               saga: Saga,
+                                                               tmp_path: Path) -> None:
+    log = tmp_path / "calls.jsonl"
+    run = saga.submit(saga.load({"name": "k", "steps": [
+        {"id": "k", "tool": "suicide", "retry": {"max_attempts": 2, "delay": 0.01}}]}))
+    env = store_env(settings) | {"SAGA_TEST_CALL_LOG": str(log)}
+    for _ in range(4):  # more worker lives than the step has attempts
+        subprocess.run([sys.executable, "-m", "saga.cli", "worker", "--until-idle", "--tools",
+                        "tests.standins.standins", "--poll", "0.05", "--lease", str(LEASE)],
+                       cwd=ROOT, env=env, capture_output=True, timeout=60, check=False)
+        time.sleep(LEASE)  # the dead worker's lease expires
+    recover(saga)
+    final = saga.get(run.run_id)
+    assert final.status == "failed"
+    assert final.steps["k"]["attempt"] == 2
+    assert final.error is not None and final.error["type"] == "Interrupted"
+    assert len(log.read_text(encoding="utf-8").splitlines()) == 2
