@@ -20,6 +20,7 @@ from typing import Any, TypedDict
 
 from saga import composition, expressions, replay, secrets
 from saga.audit import REDACTED
+from saga.chain import json_safe
 from saga.composition import Plan, plan_of
 from saga.composition.definition import resolve_inputs
 from saga.config import Settings, load_settings
@@ -135,6 +136,7 @@ class Saga:
         resolved = resolve_inputs(plan.definition, dict(inputs or {}))
         context = {"actor": actor or self.settings.actor, "labels": dict(labels or {}),
                    "mode": (options or {}).get("mode", "normal")}
+        resolved = json_safe(resolved)
         hidden = {spec.name: str(resolved[spec.name]) for spec in plan.definition.inputs
                   if spec.secret and resolved.get(spec.name) is not None}
         recorded = {k: secrets.marker(k) if k in hidden else v for k, v in resolved.items()}
@@ -149,6 +151,9 @@ class Saga:
         if not isinstance(plan, Plan):
             plan = self.load(plan)
         resolved = resolve_inputs(plan.definition, dict(inputs or {}))
+        # A preview is printed: secret inputs show as their markers, never their values.
+        resolved = {k: secrets.marker(k) if k in _secret_inputs(plan) else v
+                    for k, v in resolved.items()}
         names = {"inputs": resolved, "input": resolved, "context": {"actor": self.settings.actor},
                  "steps": {}}
         steps = []
@@ -369,6 +374,10 @@ class Saga:
         run.decide_approval(step_id, approved, actor or self.settings.actor, comment)
         self.app.save_run(run)
         return run
+
+
+def _secret_inputs(plan: Plan) -> set[str]:
+    return {spec.name for spec in plan.definition.inputs if spec.secret}
 
 
 def _refuse_redacted(run: Run) -> None:

@@ -19,6 +19,7 @@ The tables are shared by every projection name in one database: run one projecti
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -61,6 +62,7 @@ DDL = (
     "CREATE INDEX IF NOT EXISTS saga_runs_started_at ON saga_runs (started_at)",
     "CREATE INDEX IF NOT EXISTS saga_runs_status ON saga_runs (status, started_at)",
 )
+log = logging.getLogger("saga.projection")
 _FOLLOW_CHUNK = 500  # follow() checks stop() at least every this many events
 
 _RUN_TOPICS = frozenset(TOPIC_PREFIX + name for name in EVENT_TYPES)
@@ -90,6 +92,11 @@ def _ts(value: datetime) -> str:
 
 def _json(value: Any) -> str | None:
     return None if value is None else json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _text(value: Any) -> Any:
+    # PostgreSQL text holds no NUL: one run's odd name must not stop the read model.
+    return value.replace("\x00", "\ufffd") if isinstance(value, str) else value
 
 
 class _Fold:
@@ -283,9 +290,14 @@ class Projection:
         for n in notes:
             if n.topic not in _RUN_TOPICS:
                 continue  # e.g. another app sharing the SQLite file: skip, but move past
-            waiting = n.topic in _DECISIONS and self._still_waiting(n)
-            events.append((str(n.originator_id), n.topic, self.app.mapper.to_domain_event(n),
-                           waiting))
+            try:
+                waiting = n.topic in _DECISIONS and self._still_waiting(n)
+                event = self.app.mapper.to_domain_event(n)
+            except Exception as e:  # one unreadable event must not stop the read model
+                log.error("read model: skipping unreadable event %s of run %s: %s", n.id,
+                          n.originator_id, e)
+                continue
+            events.append((str(n.originator_id), n.topic, event, waiting))
         run_ids = sorted({e[0] for e in events})
         with self._db.tx() as cur:
             # Compare-and-set before any write: in PostgreSQL this row lock makes a
@@ -330,8 +342,9 @@ class Projection:
         return runs, steps
 
     def _write(self, cur: Any, fold: _Fold) -> None:
-        run_rows = [tuple(fold.runs[k][c] for c in RUN_COLUMNS) for k in sorted(fold.dirty_runs)]
-        step_rows = [tuple(fold.steps[k][c] for c in STEP_COLUMNS)
+        run_rows = [tuple(_text(fold.runs[k][c]) for c in RUN_COLUMNS)
+                    for k in sorted(fold.dirty_runs)]
+        step_rows = [tuple(_text(fold.steps[k][c]) for c in STEP_COLUMNS)
                      for k in sorted(fold.dirty_steps)]
         if run_rows:
             cur.executemany(self._db.sql(_UPSERT_RUN), run_rows)

@@ -13,7 +13,7 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from saga.composition.definition import load_file
+from saga.composition.definition import load_file, text_problems
 from saga.composition.graph_form import GraphPlan, compile_graph
 from saga.composition.library import SUFFIXES, find_template
 from saga.composition.plan import Plan, compile_plan
@@ -28,6 +28,9 @@ Tools = Collection[str] | Mapping[str, Any] | None
 def compile_any(data: dict[str, Any], *, tools: Tools = None, source: str | None = None) -> Plan:
     """Compile either form: the graph form (``nodes``/``edges``, seed 004) or the step-list
     form. Both give a plan the scheduler and executor drive the same way."""
+    problems = text_problems(data)
+    if problems:
+        raise DefinitionError(problems, source)
     if isinstance(data, dict) and "nodes" in data and "steps" not in data:
         return compile_graph(data, tools=tools, source=source)
     return compile_plan(data, tools=tools, source=source)

@@ -979,3 +979,15 @@ def test_postgres_journey(tmp_path: Path, files: dict[str, Path], pg_schema: str
     sqlite_env = process_env(home)
     assert_process_error(saga_process("status", ran["run_id"], env=sqlite_env, cwd=cwd), 4)
 
+
+
+def test_dry_run_never_prints_a_secret_input(tmp_path: Path) -> None:
+    flow = tmp_path / "s.yaml"
+    flow.write_text("name: s\ninputs:\n  - {name: token, type: string, secret: true}\n"
+                    "steps:\n  - {id: a, tool: echo, parameters: {t: '{{ inputs.token }}'}}\n",
+                    encoding="utf-8")
+    result = CliRunner().invoke(main, ["run", str(flow), "--dry-run", "--json",
+                                       "-i", "token=hunter2-s3cret"])
+    assert result.exit_code == 0, result.output
+    assert "hunter2-s3cret" not in result.output
+    assert "token" in json.loads(result.output)["inputs"]
