@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,6 +29,9 @@ from saga.domain import Run, RunStatus
 from saga.errors import (
     ConcurrentWriteError,
     ExpressionError,
+    InputError,
+    Problem,
+    RunIdConflictError,
     RunNotFoundError,
     RunStateError,
     SagaError,
@@ -129,19 +133,60 @@ class Saga:
 
     def start(self, plan: Plan | str | Path, inputs: Mapping[str, Any] | None = None, *,
               actor: str | None = None, labels: Mapping[str, str] | None = None,
-              options: Mapping[str, Any] | None = None) -> Run:
-        """Check inputs and create a run (not yet saved); see :meth:`run` and :meth:`submit`."""
+              options: Mapping[str, Any] | None = None, run_id: str | None = None) -> Run:
+        """Check inputs and create a run (not yet saved); see :meth:`run` and :meth:`submit`.
+
+        ``run_id``: the caller's name for the run (``ORDER-42``). Starting a name that
+        exists with the same definition and inputs returns that run, already saved (its
+        ``pending_events`` is empty: nothing new starts); with anything else it raises
+        :class:`RunIdConflictError` and records nothing.
+        """
         if not isinstance(plan, Plan):
             plan = self.load(plan)
-        resolved = resolve_inputs(plan.definition, dict(inputs or {}))
-        context = {"actor": actor or self.settings.actor, "labels": dict(labels or {}),
-                   "mode": (options or {}).get("mode", "normal")}
-        resolved = json_safe(resolved)
+        resolved = json_safe(resolve_inputs(plan.definition, dict(inputs or {})))
+        context: dict[str, Any] = {"actor": actor or self.settings.actor,
+                                   "labels": check_labels(labels or {}),
+                                   "mode": (options or {}).get("mode", "normal")}
+        if run_id is not None:
+            context["run_id"] = check_run_id(run_id)
         hidden = {spec.name: str(resolved[spec.name]) for spec in plan.definition.inputs
                   if spec.secret and resolved.get(spec.name) is not None}
         recorded = {k: secrets.marker(k) if k in hidden else v for k, v in resolved.items()}
-        run = self.app.start(plan, recorded, context, dict(options or {}))
+        if run_id is not None:
+            existing = self._existing(run_id, plan, recorded)
+            if existing is not None:
+                return existing
+        run = self.app.start(plan, recorded, context, dict(options or {}), run_id=run_id)
         secrets.remember(run.run_id, hidden)
+        return run
+
+    def _existing(self, run_id: str, plan: Plan, inputs: dict[str, Any]) -> Run | None:
+        """The run already started under ``run_id``, if it was started with this plan and
+        these inputs; None if there is none; a conflict otherwise."""
+        try:
+            run = self.get(run_id)
+        except RunNotFoundError:
+            return None
+        if run.definition_hash != plan.digest():
+            raise RunIdConflictError(run_id, f"another definition ({run.name} "
+                                             f"{run.definition_hash[:12]})")
+        if run.inputs != inputs:
+            raise RunIdConflictError(run_id, "other inputs")
+        return run
+
+    def _save_new(self, run: Run, plan: Plan | str | Path, inputs: Mapping[str, Any] | None,
+                  kwargs: dict[str, Any]) -> Run:
+        """Save a run just started; when another process saved the same chosen id first,
+        the run it saved (or a conflict)."""
+        try:
+            self.app.save_run(run)
+        except ConcurrentWriteError:
+            if kwargs.get("run_id") is None:
+                raise
+            again = self.start(plan, inputs, **kwargs)
+            if again.pending_events:
+                raise
+            return again
         return run
 
     def dry_run(self, plan: Plan | str | Path,
@@ -176,13 +221,17 @@ class Saga:
                **kwargs: Any) -> Run:
         """Record a new run without executing it."""
         run = self.start(plan, inputs, **kwargs)
-        self.app.save_run(run)
-        return run
+        if not run.pending_events:
+            return run  # started before under the same id: nothing new
+        return self._save_new(run, plan, inputs, kwargs)
 
     def run(self, plan: Plan | str | Path, inputs: Mapping[str, Any] | None = None, *,
             on_events: EventHook | None = None, **kwargs: Any) -> Run:
-        """Start a run and drive it in this process until it finishes or waits."""
+        """Start a run and drive it in this process until it finishes or waits (a run
+        started before under the same ``run_id`` is returned as it is: nothing runs again)."""
         run = self.start(plan, inputs, **kwargs)
+        if not run.pending_events:
+            return run
         return self.drive(run, on_events=on_events)
 
     def drive(self, run: Run, *, on_events: EventHook | None = None,
@@ -339,16 +388,24 @@ class Saga:
         return self._projection
 
     def list_runs(self, status: str | None = None, limit: int | None = None,
-                  since: str | None = None) -> list[dict[str, Any]]:
-        """Runs from the read model, newest first, after catching it up (see :meth:`lag`)."""
+                  since: str | None = None, *, definition: str | None = None,
+                  actor: str | None = None, labels: Mapping[str, str] | None = None,
+                  until: str | None = None) -> list[dict[str, Any]]:
+        """Runs from the read model, newest first, after catching it up (see :meth:`lag`);
+        filtered by status, definition name, actor, labels (all must match) and start
+        time."""
         try:
             self.projection.catch_up()
         except SagaError:
             raise
         except Exception as e:  # a busy or broken read model must not hide the runs it has
             log.warning("the read model could not catch up: %s", e)
-        rows = self.projection.runs(status=status, limit=limit or None, since=since)
-        return [_row_summary(row) for row in rows]
+        wanted = dict(labels or {})
+        rows = self.projection.runs(status=status, limit=limit or None, since=since,
+                                    definition=definition, actor=actor, labels=wanted,
+                                    until=until)
+        runs = [_row_summary(row) for row in rows]
+        return [r for r in runs if all(r["labels"].get(k) == v for k, v in wanted.items())]
 
     def lag(self) -> int:
         """How many events the read model has not applied yet."""
@@ -376,6 +433,31 @@ class Saga:
         return run
 
 
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,199}$")
+_LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
+
+
+def check_run_id(run_id: str) -> str:
+    """A run id a caller chose: 1-200 letters, digits and ``._:@/+-``, starting with a
+    letter or digit (it is shown, typed and used in file names and URLs)."""
+    if not isinstance(run_id, str) or not _RUN_ID.match(run_id):
+        raise InputError([Problem("--id", f"{str(run_id)[:80]!r} is not a run id: use 1-200 "
+                                          "letters, digits and ._:@/+- (starting with a "
+                                          "letter or digit)")])
+    return run_id
+
+
+def check_labels(labels: Mapping[str, Any]) -> dict[str, str]:
+    """Labels as recorded: short keys, text values."""
+    problems = [Problem(f"--label {k}", "a label key is 1-63 letters, digits and ._/-")
+                for k in labels if not isinstance(k, str) or not _LABEL_KEY.match(k)]
+    problems += [Problem(f"--label {k}", "a label value is at most 200 characters, no NUL")
+                 for k, v in labels.items() if len(str(v)) > 200 or "\x00" in str(v)]
+    if problems:
+        raise InputError(problems)
+    return {k: str(v) for k, v in labels.items()}
+
+
 def _secret_inputs(plan: Plan) -> set[str]:
     return {spec.name for spec in plan.definition.inputs if spec.secret}
 
@@ -391,7 +473,8 @@ def _refuse_redacted(run: Run) -> None:
 def _row_summary(row: dict[str, Any]) -> dict[str, Any]:
     """A read-model row in the shape of :func:`run_summary` (without steps)."""
     error = json.loads(row["error"]) if row.get("error") else None
-    return {"run_id": row["run_id"], "name": row["definition_name"], "version": row["version"],
+    return {"run_id": row.get("run_name") or row["run_id"], "name": row["definition_name"],
+            "version": row["version"], "labels": json.loads(row.get("labels") or "{}"),
             "status": row["status"], "actor": row["actor"],
             "definition_hash": row["definition_hash"], "started_at": row["started_at"],
             "finished_at": row["finished_at"], "duration_ms": row["duration_ms"],

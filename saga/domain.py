@@ -98,6 +98,18 @@ def idempotency_key(run_id: str, step_id: str, iteration: int = 0) -> str:
 
 
 _CHILD_NAMESPACE = UUID("0b7d2c1e-5a4f-4f7e-9d61-2f8a3c9e1b55")
+_NAME_NAMESPACE = UUID("5d3c8f0e-2b71-4c9a-8e4f-6a1d9b7c3e20")
+
+
+def run_uuid(run_id: str | UUID) -> UUID:
+    """The store key of a run: its id when that is a UUID, else derived from the name a
+    caller chose (``ORDER-42``), so a name always finds the same run."""
+    if isinstance(run_id, UUID):
+        return run_id
+    try:
+        return UUID(run_id)
+    except ValueError:
+        return uuid5(_NAME_NAMESPACE, run_id)
 
 
 def child_run_id(parent_run_id: str, step_id: str, iteration: int) -> str:
@@ -177,7 +189,7 @@ class Run(Aggregate):
         fields = {"definition": definition, "definition_hash": definition_hash,
                   "inputs": inputs, "context": context, "options": options}
         timestamp = cls.RunStarted.create_timestamp()
-        uid = UUID(run_id) if run_id else uuid4()
+        uid = run_uuid(run_id) if run_id else uuid4()
         chain = link_fields("RunStarted", 1, iso(timestamp), context.get("actor"), fields,
                             genesis(str(uid)), cls.audit_key)
         return cls._create(cls.RunStarted, id=uid, timestamp=timestamp, **fields, **chain)
@@ -220,8 +232,8 @@ class Run(Aggregate):
 
     @property
     def run_id(self) -> str:
-        """The run's id as text."""
-        return str(self.id)
+        """The run's id as text: the name its caller chose, else its UUID."""
+        return str(self.context.get("run_id") or self.id)
 
     @property
     def name(self) -> str:

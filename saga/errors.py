@@ -130,6 +130,17 @@ class ConcurrentWriteError(SagaError):
         super().__init__(f"run {run_id} was changed by another writer; reload and retry")
 
 
+class RunIdConflictError(SagaError):
+    """Raised when a run id a caller chose exists with another definition or inputs."""
+
+    exit_code = 6
+
+    def __init__(self, run_id: str, what: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"run {run_id} already exists with {what}; nothing was started "
+                         "(choose another --id, or start it with what it was started with)")
+
+
 class RunStateError(SagaError):
     """Raised when a command does not apply to a run in its current state."""
 

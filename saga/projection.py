@@ -41,7 +41,9 @@ from saga.store.side_tables import Database
 
 RUN_COLUMNS = ("run_id", "definition_name", "definition_version", "definition_hash", "status",
                "actor", "started_at", "finished_at", "duration_ms", "failed_step", "error",
-               "version")
+               "version", "run_name", "labels")
+#: Columns added since the first release (added to older tables when they open).
+_ADDED_RUN_COLUMNS = {"run_name": "TEXT", "labels": "TEXT"}
 STEP_COLUMNS = ("run_id", "step_id", "iteration", "status", "attempts", "started_at",
                 "finished_at", "duration_ms", "error", "compensated_at")
 
@@ -51,7 +53,7 @@ DDL = (
         run_id TEXT PRIMARY KEY, definition_name TEXT, definition_version TEXT,
         definition_hash TEXT, status TEXT NOT NULL, actor TEXT, started_at TEXT,
         finished_at TEXT, duration_ms BIGINT, failed_step TEXT, error TEXT,
-        version BIGINT NOT NULL)""",
+        version BIGINT NOT NULL, run_name TEXT, labels TEXT)""",
     """CREATE TABLE IF NOT EXISTS saga_steps (
         run_id TEXT NOT NULL, step_id TEXT NOT NULL, iteration INTEGER NOT NULL,
         status TEXT NOT NULL, attempts INTEGER NOT NULL, started_at TEXT, finished_at TEXT,
@@ -135,7 +137,8 @@ class _Fold:
                 run.update(definition_name=str(d.get("name", "")),
                            definition_version=str(d.get("version", "1")),
                            definition_hash=e.definition_hash, actor=e.context.get("actor"),
-                           started_at=ts)
+                           started_at=ts, run_name=e.context.get("run_id"),
+                           labels=_json(e.context.get("labels") or {}))
             case "StepStarted":
                 s = self.step(run_id, e.step_id, e.iteration)
                 # A retry clears the previous attempt's end; started_at stays the first
@@ -191,6 +194,7 @@ class Projection:
         """Create the tables and this projection's position row; idempotent, and safe
         when many processes call it at once."""
         self._db.create(DDL)
+        self._db.add_columns("saga_runs", _ADDED_RUN_COLUMNS)
         self._db.execute("INSERT INTO saga_projection_position (name, position) "
                          "VALUES (?, 0) ON CONFLICT (name) DO NOTHING", (self.name,))
         self._ready = True
@@ -251,14 +255,26 @@ class Projection:
         return self.catch_up()
 
     def runs(self, status: str | None = None, limit: int | None = 50,
-             since: str | None = None) -> list[dict[str, Any]]:
-        """Runs newest first, optionally only one ``status`` and those started at or
-        after ``since`` (ISO-8601; a naive time is UTC); dicts of the saga_runs columns."""
+             since: str | None = None, definition: str | None = None,
+             actor: str | None = None, labels: dict[str, str] | None = None,
+             until: str | None = None) -> list[dict[str, Any]]:
+        """Runs newest first; dicts of the saga_runs columns. Filters: one ``status``, a
+        ``definition`` name, an ``actor``, runs carrying every one of ``labels``, started
+        at or after ``since`` and before ``until`` (ISO-8601; a naive time is UTC)."""
         self._ensure()
         where, args = [], []
-        if status is not None:
-            where.append("status = ?")
-            args.append(status)
+        for column, value in (("status", status), ("definition_name", definition),
+                              ("actor", actor)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        for key, value in (labels or {}).items():
+            # labels is canonical JSON (sorted keys, no spaces): one pair is a substring
+            where.append("labels LIKE ?")
+            args.append("%" + _json({key: value})[1:-1].replace("%", "_") + "%")
+        if until is not None:
+            where.append("started_at < ?")
+            args.append(_ts(datetime.fromisoformat(until)))
         if since is not None:
             where.append("started_at >= ?")
             args.append(_ts(datetime.fromisoformat(since)))

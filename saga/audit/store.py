@@ -17,7 +17,7 @@ from saga.audit.chain import (
     verify_records,
 )
 from saga.config import Settings
-from saga.domain import TOPIC_PREFIX
+from saga.domain import TOPIC_PREFIX, run_uuid
 from saga.errors import RunNotFoundError, StoreUnavailableError, first_line
 from saga.store.side_tables import Database
 
@@ -70,10 +70,7 @@ def _has_table(db: Database, name: str) -> bool:
 
 
 def _uuid(run_id: str) -> UUID:
-    try:
-        return UUID(str(run_id))
-    except ValueError:
-        raise RunNotFoundError(str(run_id)) from None
+    return run_uuid(run_id)
 
 
 def _id_args(db: Database, run_id: str) -> tuple[Any, ...]:

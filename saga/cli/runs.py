@@ -76,60 +76,94 @@ def _parse_inputs(pairs: tuple[str, ...], inputs_file: str | None,
     return given
 
 
-def _run_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """The options every command that starts a run shares."""
+def _start_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The options every command that starts a run shares (run, submit, templates run)."""
     for option in reversed([
         click.option("--input", "-i", "pairs", multiple=True, metavar="KEY=VALUE",
                      help="An input value (repeatable); typed by the input's declared type."),
         click.option("--inputs-file", type=click.Path(dir_okay=False),
                      help="Inputs as JSON/YAML."),
         click.option("--actor", help="Who is running this (default: SAGA_ACTOR or the OS user)."),
-        mode_option,
-        click.option("--dry-run", is_flag=True, help="Show the plan and parameters; run nothing."),
-        tools_option, json_option]):
+        click.option("--id", "--workflow-id", "run_id", metavar="ID",
+                     help="The run's id, chosen by you (e.g. ORDER-42): starting it again with "
+                          "the same definition and inputs returns the same run."),
+        click.option("--label", "label_pairs", multiple=True, metavar="KEY=VALUE",
+                     help="A label recorded with the run (repeatable); list and report "
+                          "filter by it."),
+        mode_option, tools_option, json_option]):
         func = option(func)
     return func
 
 
-def _run_file(saga: Saga, file: str, pairs: tuple[str, ...], inputs_file: str | None,
-              actor: str | None, mode: str, dry_run: bool, as_json: bool) -> None:
+def _run_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """:func:`_start_options`, plus what only runs started here take."""
+    func = click.option("--validate-only", is_flag=True,
+                        help="Check the composition and inputs; run nothing (seed 004).")(func)
+    func = click.option("--dry-run", is_flag=True,
+                        help="Show the plan and parameters; run nothing.")(func)
+    return _start_options(func)
+
+
+def _labels(pairs: tuple[str, ...]) -> dict[str, str]:
+    labels = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise InputError([Problem("--label", f"{pair!r} is not KEY=VALUE")])
+        labels[key] = value
+    return labels
+
+
+def _run_file(saga: Saga, file: str, options: dict[str, Any]) -> None:
     plan = saga.load(file)
-    inputs = _parse_inputs(pairs, inputs_file, {s.name: s for s in plan.definition.inputs})
-    if dry_run:
+    inputs = _parse_inputs(options["pairs"], options["inputs_file"],
+                           {s.name: s for s in plan.definition.inputs})
+    as_json = options["as_json"]
+    if options.get("validate_only"):
+        _emit_json({"valid": True, "name": plan.definition.name}) if as_json else \
+            click.echo(f"{file}: valid ({len(plan.order)} steps); nothing was run")
+        return
+    if options.get("dry_run"):
         _print_dry_run(saga.dry_run(plan, inputs), as_json)
         return
     with _Progress(enabled=not as_json) as progress:
-        result = saga.run(plan, inputs, actor=actor, options={"mode": mode},
-                          on_events=progress.update)
+        result = saga.run(plan, inputs, actor=options["actor"],
+                          options={"mode": options["mode"]}, run_id=options["run_id"],
+                          labels=_labels(options["label_pairs"]), on_events=progress.update)
     _finish(result, as_json)
 
 
 @main.command()
 @click.argument("file", type=click.Path(dir_okay=False))
 @_run_options
-def run(file: str, pairs: tuple[str, ...], inputs_file: str | None, actor: str | None,
-        mode: str, dry_run: bool, tools: tuple[str, ...], as_json: bool) -> None:
-    """Start a run of FILE and drive it here until it finishes (or waits for approval)."""
-    _run_file(_saga(tools), file, pairs, inputs_file, actor, mode, dry_run, as_json)
+def run(file: str, **options: Any) -> None:
+    """Start a run of FILE (a file or a template's name) and drive it here until it
+    finishes (or waits).
+
+    \b
+    Example:
+      saga run quickstart --id ORDER-42 --label team=payments -i fail_at=ship
+    """
+    _run_file(_saga(options["tools"]), file, options)
 
 
 @main.command()
 @click.argument("file", type=click.Path(dir_okay=False))
-@click.option("--input", "-i", "pairs", multiple=True, metavar="KEY=VALUE",
-              help="An input value (repeatable); typed by the input's declared type.")
-@click.option("--inputs-file", type=click.Path(dir_okay=False), help="Inputs as JSON/YAML.")
-@click.option("--actor", help="Who is submitting this (default: SAGA_ACTOR or the OS user).")
-@mode_option
-@tools_option
-@json_option
-def submit(file: str, pairs: tuple[str, ...], inputs_file: str | None, actor: str | None,
-           mode: str, tools: tuple[str, ...], as_json: bool) -> None:
-    """Record a run of FILE without executing it; a worker will pick it up."""
-    saga = _saga(tools)
+@_start_options
+def submit(file: str, **options: Any) -> None:
+    """Record a run of FILE without executing it; a worker will pick it up.
+
+    \b
+    Example:
+      saga submit quickstart --id ORDER-42 --json && saga worker --until-idle
+    """
+    saga = _saga(options["tools"])
     plan = saga.load(file)
-    inputs = _parse_inputs(pairs, inputs_file, {s.name: s for s in plan.definition.inputs})
-    run = saga.submit(plan, inputs, actor=actor, options={"mode": mode})
-    if as_json:
+    inputs = _parse_inputs(options["pairs"], options["inputs_file"],
+                           {s.name: s for s in plan.definition.inputs})
+    run = saga.submit(plan, inputs, actor=options["actor"], options={"mode": options["mode"]},
+                      run_id=options["run_id"], labels=_labels(options["label_pairs"]))
+    if options["as_json"]:
         _emit_json({"run_id": run.run_id, "status": run.status, "name": run.name})
     else:
         click.echo(run.run_id)
@@ -231,14 +265,26 @@ def status(run_id: str, as_json: bool) -> None:
 
 @main.command(name="list")
 @click.option("--status", "status_filter", help="Only runs with this status.")
+@click.option("--definition", help="Only runs of this composition (its name).")
+@click.option("--actor", help="Only runs started by this actor.")
+@click.option("--label", "label_pairs", multiple=True, metavar="KEY=VALUE",
+              help="Only runs with this label (repeatable: all must match).")
 @click.option("--since", help="Only runs started at or after this ISO time.")
 @click.option("--limit", type=click.IntRange(min=0), default=50, show_default=True,
               help="At most this many runs (0: all).")
 @json_option
-def list_runs(status_filter: str | None, since: str | None, limit: int, as_json: bool) -> None:
-    """List runs, newest first, from the read model (caught up first)."""
+def list_runs(status_filter: str | None, definition: str | None, actor: str | None,
+              label_pairs: tuple[str, ...], since: str | None, limit: int,
+              as_json: bool) -> None:
+    """List runs, newest first, from the read model (caught up first).
+
+    \b
+    Example:
+      saga list --status failed --label team=payments --json
+    """
     saga = _saga()
-    runs = saga.list_runs(status_filter, limit, since)
+    runs = saga.list_runs(status_filter, limit, since, definition=definition, actor=actor,
+                          labels=_labels(label_pairs))
     lag = saga.lag()
     if lag:
         click.echo(f"note: the read model is {lag} events behind the log", err=True)
@@ -247,8 +293,11 @@ def list_runs(status_filter: str | None, since: str | None, limit: int, as_json:
         return
     if not runs:
         click.echo("no runs")
+        return
+    click.echo(f"{'RUN':<36}  {'STATUS':<12} {'DEFINITION':<30} {'ACTOR':<12} STARTED")
     for r in runs:
-        click.echo(f"{r['run_id']}  {r['status']:<12} {r['name']:<30} {r['started_at']}")
+        click.echo(f"{r['run_id']:<36}  {r['status']:<12} {r['name']:<30} "
+                   f"{(r['actor'] or '')[:12]:<12} {r['started_at']}")
 
 
 @main.command()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from saga.cli.app import (
@@ -88,13 +90,11 @@ def templates_show(name: str, as_json: bool) -> None:
 @templates.command(name="run")
 @click.argument("name")
 @_run_options
-def templates_run(name: str, pairs: tuple[str, ...], inputs_file: str | None, actor: str | None,
-                  mode: str, dry_run: bool, tools: tuple[str, ...], as_json: bool) -> None:
+def templates_run(name: str, **options: Any) -> None:
     """Run the template NAME here, like saga run."""
-
-    saga = _saga(tools)
+    saga = _saga(options["tools"])
     path = find_template(name, saga.settings)
-    _run_file(saga, str(path), pairs, inputs_file, actor, mode, dry_run, as_json)
+    _run_file(saga, str(path), options)
 
 
 @main.command()

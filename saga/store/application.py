@@ -17,7 +17,7 @@ from eventsourcing.application import AggregateNotFoundError, Application
 from eventsourcing.persistence import IntegrityError, PersistenceError
 
 from saga.config import Settings
-from saga.domain import TOPIC_PREFIX, Run, iso
+from saga.domain import TOPIC_PREFIX, Run, iso, run_uuid
 from saga.errors import (
     ConcurrentWriteError,
     RunNotFoundError,
@@ -73,10 +73,7 @@ class SagaApplication(Application):
 
     def get_run(self, run_id: str | UUID, version: int | None = None) -> Run:
         """The run as recorded (at ``version`` if given)."""
-        try:
-            uid = run_id if isinstance(run_id, UUID) else UUID(str(run_id))
-        except ValueError:
-            raise RunNotFoundError(str(run_id)) from None
+        uid = run_uuid(run_id)
         with store_errors("reading a run"):
             try:
                 return self.repository.get(uid, version=version)

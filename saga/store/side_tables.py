@@ -47,6 +47,20 @@ class Database:
             raise StoreUnavailableError(
                 f"cannot reach the event store ({settings.store_description}): {e}") from e
 
+    def add_columns(self, table: str, columns: dict[str, str]) -> None:
+        """Add the columns a table created by an older saga lacks (``name: SQL type``)."""
+        if self.pg:
+            have = {r["column_name"] for r in self.query(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = ? "
+                "AND table_schema = current_schema()", (table,))}
+        else:
+            have = {r["name"] for r in self.query(f"PRAGMA table_info({table})")}
+        for name, kind in columns.items():
+            if name not in have:
+                exists = " IF NOT EXISTS" if self.pg else ""
+                with contextlib.suppress(sqlite3.OperationalError):  # a racing process won
+                    self.execute(f"ALTER TABLE {table} ADD COLUMN{exists} {name} {kind}")
+
     def sql(self, text: str) -> str:
         """The statement in this dialect (saga's SQL is written with ``?``)."""
         return text.replace("?", "%s") if self.pg else text

@@ -504,8 +504,9 @@ def test_list_filters_by_status_newest_first(cli: Cli) -> None:
     assert [r["run_id"] for r in cli.json("list", "--limit", "2")] == [compensated, failed]
     result = cli("list")
     assert result.exit_code == 0, describe(result)
-    assert [line.split()[0] for line in result.stdout.splitlines()] == [compensated, failed,
-                                                                       done]
+    header, *rows = result.stdout.splitlines()
+    assert header.split() == ["RUN", "STATUS", "DEFINITION", "ACTOR", "STARTED"]
+    assert [line.split()[0] for line in rows] == [compensated, failed, done]
 
 
 def test_list_of_an_empty_store(cli: Cli) -> None:
