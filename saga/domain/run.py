@@ -11,124 +11,23 @@ it from there).
 from __future__ import annotations
 
 import dataclasses
-from datetime import datetime
-from typing import Any, ClassVar, Literal, TypedDict, get_args
-from uuid import UUID, uuid4, uuid5
+from typing import Any, ClassVar
+from uuid import uuid4
 
 from eventsourcing.domain import Aggregate
 
 from saga.chain import CHAIN_FIELDS, GENESIS, event_hash, genesis, link_fields
+from saga.domain.vocabulary import (
+    TERMINAL,
+    idempotency_key,
+    iso,
+    ms_between,
+    run_uuid,
+    status_after,
+    step_key,
+)
 
 _ENVELOPE = ("originator_id", "originator_version", "timestamp", "originator_topic")
-
-RunStatus = Literal["running", "waiting", "completed", "failed", "compensating", "compensated",
-                   "cancelled"]
-StepStatus = Literal["pending", "running", "completed", "failed", "skipped", "compensated"]
-RUN_STATUSES: tuple[RunStatus, ...] = get_args(RunStatus)
-TERMINAL: frozenset[RunStatus] = frozenset({"completed", "failed", "compensated", "cancelled"})
-
-#: Every event a run records, by name: the log's vocabulary (a stored topic is
-#: ``TOPIC_PREFIX + name``). Other modules name events through these, never by spelling.
-EVENT_TYPES = (
-    "RunStarted", "StepStarted", "StepCompleted", "StepFailed", "StepSkipped",
-    "HealStarted", "RemedyApplied", "ApprovalRequested", "ApprovalGranted",
-    "ApprovalRejected", "CompensationStarted", "StepCompensated", "CompensationFailed",
-    "RunRetried", "RunCompleted", "RunFailed", "RunCompensated", "RunCancelled")
-TOPIC_PREFIX = "saga."
-#: The events that end a run, with the status each leaves.
-ENDINGS: dict[str, RunStatus] = {"RunCompleted": "completed", "RunFailed": "failed",
-                                 "RunCompensated": "compensated", "RunCancelled": "cancelled"}
-DECISIONS = frozenset({"ApprovalGranted", "ApprovalRejected"})
-
-
-class StepState(TypedDict, total=False):
-    """One execution of a step (``step[i]`` for iteration i) as the run's fold holds it."""
-
-    step_id: str
-    iteration: int
-    status: StepStatus
-    attempt: int
-    parameters: Any
-    output: Any
-    error: dict[str, Any] | None
-    reason: str
-    retry_at: str | None
-    attempt_started_at: str
-    started_at: str | None
-    finished_at: str | None
-    duration_ms: int | None
-    worker: str | None
-    healing: dict[str, Any] | None
-    heals: dict[str, int]
-    cache: dict[str, Any] | None
-
-
-def event_name(topic: str) -> str:
-    """An event's name from its stored topic (``saga.StepStarted`` -> ``StepStarted``)."""
-    return topic.removeprefix(TOPIC_PREFIX)
-
-
-def status_after(event: str, status: RunStatus, *, still_waiting: bool = False) -> RunStatus:
-    """The run status an event leaves, from the status before it: the one rule the
-    aggregate, the read model and the worker's index all fold with.
-
-    ``still_waiting``: after an approval decision, other approvals are still pending.
-    """
-    if event in ENDINGS:
-        return ENDINGS[event]
-    if event in ("RunStarted", "RunRetried"):
-        return "running"
-    if event == "ApprovalRequested":
-        return "waiting"
-    if event in DECISIONS:
-        return "running" if status == "waiting" and not still_waiting else status
-    if event == "CompensationStarted":
-        return "compensating"
-    return status
-
-
-def step_key(step_id: str, iteration: int = 0) -> str:
-    """The key of one execution of a step in the run's state."""
-    return step_id if iteration == 0 else f"{step_id}[{iteration}]"
-
-
-def idempotency_key(run_id: str, step_id: str, iteration: int = 0) -> str:
-    """The stable key a tool sees on every attempt and re-execution of one step."""
-    return f"{run_id}:{step_id}:{iteration}"
-
-
-_CHILD_NAMESPACE = UUID("0b7d2c1e-5a4f-4f7e-9d61-2f8a3c9e1b55")
-_NAME_NAMESPACE = UUID("5d3c8f0e-2b71-4c9a-8e4f-6a1d9b7c3e20")
-
-
-def run_uuid(run_id: str | UUID) -> UUID:
-    """The store key of a run: its id when that is a UUID, else derived from the name a
-    caller chose (``ORDER-42``), so a name always finds the same run."""
-    if isinstance(run_id, UUID):
-        return run_id
-    try:
-        return UUID(run_id)
-    except ValueError:
-        return uuid5(_NAME_NAMESPACE, run_id)
-
-
-def child_run_id(parent_run_id: str, step_id: str, iteration: int) -> str:
-    """The id of the child run a ``use`` step starts: derived from its parent's id, step
-    and iteration, so a step re-executed after a crash finds the child it started."""
-    return str(uuid5(_CHILD_NAMESPACE, f"{parent_run_id}:{step_id}:{iteration}"))
-
-
-def iso(value: Any) -> str:
-    """A recorded time as ISO text."""
-    return value.isoformat() if hasattr(value, "isoformat") else str(value)
-
-
-def ms_between(start: str | None, end: str) -> int | None:
-    """Milliseconds between two recorded ISO times (None without a start)."""
-    if start is None:
-        return None
-    delta = datetime.fromisoformat(end) - datetime.fromisoformat(start)
-    return round(delta.total_seconds() * 1000)
 
 
 class Run(Aggregate):
