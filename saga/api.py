@@ -50,7 +50,7 @@ from saga.store import (
     wait_for_lease,
 )
 from saga.tools import Registry, load_registry
-from saga.worker import Worker
+from saga.worker import WORKER_HOLD, Worker
 
 log = logging.getLogger("saga")
 
@@ -111,11 +111,14 @@ class Saga:
             self._app.close()
             self._app = None
 
-    def executor(self, on_events: EventHook | None = None,
-                 worker: str | None = None) -> Executor:
-        """An executor over this store and registry (recording ``worker`` on its starts)."""
+    def executor(self, on_events: EventHook | None = None, worker: str | None = None,
+                 hold: float | None = None) -> Executor:
+        """An executor over this store and registry (recording ``worker`` on its starts;
+        waiting out in-process only waits up to ``hold`` seconds, default
+        ``settings.hold_seconds``)."""
         return Executor(self.app, self.registry, worker=worker or self.worker,
-                        on_events=on_events, cache=self.cache)
+                        on_events=on_events, cache=self.cache,
+                        hold=self.settings.hold_seconds if hold is None else hold)
 
     @property
     def cache(self) -> ToolCache:
@@ -288,8 +291,8 @@ class Saga:
         who = actor or self.settings.actor
 
         def record(run: Run) -> None:
-            allowed = ("running", "waiting") if cancel else ("running", "waiting", "failed",
-                                                             "completed")
+            allowed = ("running", "waiting", "paused") if cancel else (
+                "running", "waiting", "paused", "failed", "completed")
             if run.status not in allowed or (run.compensation is not None
                                              and run.status == "failed"):
                 raise RunStateError(f"run {run_id} is {run.status}; cannot "
@@ -297,6 +300,53 @@ class Saga:
             order = compensation_order(self.executor().plan_for(run), run)
             run.start_compensation(f"{reason} (by {who})", order, who, cancel)
         return self._command(run_id, record, on_events)
+
+    def signal(self, run_id: str, name: str, data: Any = None, *,
+               actor: str | None = None) -> Run:
+        """Send a signal to a run: the first step waiting for ``name`` (now or later)
+        completes with ``data`` as its output. Refused for a finished run."""
+        if not isinstance(name, str) or not _SIGNAL.match(name):
+            raise InputError([Problem("signal", f"{str(name)[:80]!r} is not a signal name: "
+                                                "letters, digits and ._:-")])
+
+        def record(run: Run) -> None:
+            if run.is_finished:
+                raise RunStateError(f"run {run_id} is {run.status}; a signal can only be "
+                                    "sent to an unfinished run")
+            run.receive_signal(name, json_safe(data), actor or self.settings.actor)
+        return self._append(run_id, record)
+
+    def pause(self, run_id: str, *, actor: str | None = None,
+              reason: str | None = None) -> Run:
+        """Pause a run: no new step starts; attempts in flight finish."""
+        def record(run: Run) -> None:
+            if run.is_finished or run.paused or run.compensation is not None:
+                state = "paused" if run.paused else run.status
+                raise RunStateError(f"run {run_id} is {state}; only a running or waiting run "
+                                    "can be paused")
+            run.pause(actor or self.settings.actor, reason)
+        return self._append(run_id, record)
+
+    def unpause(self, run_id: str, *, actor: str | None = None) -> Run:
+        """Let a paused run go on (a worker continues it)."""
+        def record(run: Run) -> None:
+            if not run.paused or run.is_finished:
+                raise RunStateError(f"run {run_id} is {run.status}, not paused")
+            run.unpause(actor or self.settings.actor)
+        return self._append(run_id, record)
+
+    def _append(self, run_id: str, record: Any) -> Run:
+        """Append a command's event, reloading on a concurrent write; drive nothing."""
+        for _ in range(5):
+            run = self.get(run_id)
+            _refuse_redacted(run)
+            record(run)
+            try:
+                self.app.save_run(run)
+                return run
+            except ConcurrentWriteError:
+                continue
+        raise ConcurrentWriteError(run_id)
 
     def _command(self, run_id: str, record: Any, on_events: EventHook | None) -> Run:
         """Append a command's event (reloading on a concurrent write), then drive the run."""
@@ -348,8 +398,8 @@ class Saga:
 
     def worker_loop(self, **kwargs: Any) -> Worker:
         """A worker over this store (see :class:`saga.worker.Worker`)."""
-        return Worker(self.app, self.leases, lambda worker: self.executor(worker=worker),
-                      **kwargs)
+        return Worker(self.app, self.leases,
+                      lambda worker: self.executor(worker=worker, hold=WORKER_HOLD), **kwargs)
 
     def get(self, run_id: str, version: int | None = None) -> Run:
         """The run as recorded."""
@@ -433,6 +483,7 @@ class Saga:
         return run
 
 
+_SIGNAL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,99}$")
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,199}$")
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
 

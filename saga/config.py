@@ -32,6 +32,9 @@ class Settings:
     max_overflow: int = 4
     snapshot_interval: int = 100
     lease_seconds: float = 30.0
+    #: The longest wait ``saga run`` (driving in process) waits out; a longer one returns
+    #: the run ``waiting`` for a worker.
+    hold_seconds: float = 60.0
     audit_key: str | None = field(default=None, repr=False)
     file: dict[str, Any] = field(default_factory=dict)
 
@@ -137,6 +140,7 @@ def load_settings(env: Mapping[str, str] | None = None, cwd: Path | None = None,
             snapshot_interval=int(env.get("SAGA_SNAPSHOT_INTERVAL")
                                   or data.get("snapshot_interval", 100)),
             lease_seconds=float(env.get("SAGA_LEASE_SECONDS") or data.get("lease_seconds", 30)),
+            hold_seconds=float(env.get("SAGA_HOLD_SECONDS") or data.get("hold_seconds", 60)),
             audit_key=env.get("SAGA_AUDIT_KEY") or None,
             file=data,
         )

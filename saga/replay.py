@@ -20,7 +20,7 @@ from saga.domain import Run, step_key
 from saga.scheduler.actions import brief
 
 _WORLD = {"StepCompleted", "ApprovalGranted", "ApprovalRejected", "RunRetried",
-          "RemedyApplied"}
+          "RemedyApplied", "StepWaiting", "SignalReceived", "RunPaused", "RunUnpaused"}
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,10 @@ def verify(events: list[Any], plan: Plan | None = None) -> Divergence | None:
 
 def _check(plan: Plan, run: Run, event: Any) -> Divergence | None:
     kind = type(event).__name__
-    derived = kind == "StepCompleted" and event.iteration == 0 \
-        and plan.step(event.step_id).iterates
+    step = plan.step(event.step_id) if kind == "StepCompleted" else None
+    # a loop's list of outputs and a signal's delivery are decisions, not the world's answer
+    derived = step is not None and ((event.iteration == 0 and step.iterates)
+                                    or step.signal is not None)
     if (kind in _WORLD and not derived) or (kind == "CompensationStarted" and event.requested):
         return None  # what the world, or a person's command, answered
     if kind == "StepFailed":

@@ -14,8 +14,10 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
 
-from saga.domain import TERMINAL, RunStatus, event_name, status_after
+from saga.domain import DECISIONS, TERMINAL, RunStatus, event_name, status_after, step_key
 from saga.errors import ConcurrentWriteError, LeaseLostError, SagaError
 from saga.executor import Executor
 from saga.store.application import SagaApplication
@@ -23,16 +25,32 @@ from saga.store.leases import Leases, default_worker_id
 
 log = logging.getLogger("saga.worker")
 
+#: The longest wait a worker's drive waits out in process (seconds): a longer timer,
+#: retry backoff or signal timeout releases the run, and any worker takes it up when due.
+WORKER_HOLD = 1.0
+
+
+@dataclass
+class _Followed:
+    """What the index knows of one unfinished run."""
+
+    status: RunStatus = "running"
+    approvals: int = 0  # requested and not yet decided
+    waits: dict[str, str | None] = field(default_factory=dict)  # step key -> until
+    retries: dict[str, str] = field(default_factory=dict)  # step key -> next retry time
+    nudged: bool = True  # something happened that a driver should look at
+
 
 @dataclass
 class RunIndex:
-    """Unfinished runs, followed from the notification log by topic (cheap: payloads are
-    read only for approvals)."""
+    """Unfinished runs, followed from the notification log: their status by topic, and
+    (reading those events' payloads) when their timers and retries are due, so a run that
+    only waits holds no worker and is not claimed before its time."""
 
     app: SagaApplication
+    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     position: int = 0
-    runs: dict[str, RunStatus] = field(default_factory=dict)  # run id -> status
-    approvals: dict[str, int] = field(default_factory=dict)  # run id -> undecided count
+    runs: dict[str, _Followed] = field(default_factory=dict)
 
     def refresh(self) -> None:
         """Read the log since the last refresh."""
@@ -41,27 +59,75 @@ class RunIndex:
             for n in page:
                 if event_name(n.topic) == "RunStarted" and _has_parent(n.state):
                     continue  # a child run is driven by its parent's step, never on its own
-                self._apply(str(n.originator_id), n.topic)
+                self._apply(str(n.originator_id), n.topic, n.state)
             if page:
                 self.position = page[-1].id
             if len(page) < 1000:
                 return
 
-    def _apply(self, run_id: str, topic: str) -> None:
+    def _apply(self, run_id: str, topic: str, state: bytes) -> None:
         kind = event_name(topic)
-        if kind != "RunStarted" and run_id not in self.runs:
+        if kind == "RunStarted":
+            self.runs[run_id] = _Followed()
+        run = self.runs.get(run_id)
+        if run is None:
             return  # not a run this index follows (e.g. a child run)
         if kind == "ApprovalRequested":
-            self.approvals[run_id] = self.approvals.get(run_id, 0) + 1
-        elif kind in ("ApprovalGranted", "ApprovalRejected"):
-            self.approvals[run_id] = self.approvals.get(run_id, 0) - 1
-        self.runs[run_id] = status_after(kind, self.runs.get(run_id, "running"),
-                                         still_waiting=self.approvals.get(run_id, 0) > 0)
+            run.approvals += 1
+        elif kind in DECISIONS:
+            run.approvals -= 1
+        elif kind in ("StepWaiting", "StepFailed", "StepStarted", "StepCompleted",
+                      "StepSkipped"):
+            payload = _payload(state)
+            key = step_key(str(payload.get("step_id")), int(payload.get("iteration") or 0))
+            run.waits.pop(key, None)
+            run.retries.pop(key, None)
+            if kind == "StepWaiting":
+                run.waits[key] = payload.get("until")
+            elif kind == "StepFailed" and payload.get("next_retry_at"):
+                run.retries[key] = str(payload["next_retry_at"])
+        elif kind in ("RunRetried", "CompensationStarted"):
+            run.retries.clear()
+        run.status = status_after(kind, run.status,
+                                  still_waiting=run.approvals > 0 or bool(run.waits))
+        run.nudged = run.nudged or kind not in _QUIET
+        if run.status in TERMINAL:
+            del self.runs[run_id]
 
     def runnable(self) -> list[str]:
-        """Unfinished runs not waiting only for a person, oldest first."""
-        return [run_id for run_id, status in self.runs.items()
-                if status not in TERMINAL and status != "waiting"]
+        """Unfinished runs a driver can move on now, oldest first: not paused, and not
+        only waiting (for a person, a signal, or a timer or retry still to come) unless
+        something happened since a driver last looked (a signal, a decision, unpausing)."""
+        now = self.clock().isoformat()
+        ready = []
+        for run_id, run in self.runs.items():
+            if run.status == "paused":
+                continue
+            due = any(t is not None and t <= now
+                      for t in [*run.waits.values(), *run.retries.values()])
+            idle = run.status == "waiting" or bool(run.waits) or bool(run.retries)
+            if due or run.nudged or not idle:
+                ready.append(run_id)
+        return ready
+
+    def claimed(self, run_id: str) -> None:
+        """A driver took the run: what happened so far is being looked at."""
+        if run_id in self.runs:
+            self.runs[run_id].nudged = False
+
+
+#: Events a driver records while it drives: they need no other driver's attention.
+_QUIET = frozenset({"StepStarted", "StepWaiting", "StepFailed", "StepCompleted",
+                    "StepSkipped", "HealStarted", "RemedyApplied", "StepCompensated",
+                    "CompensationFailed", "ApprovalRequested"})
+
+
+def _payload(state: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(state)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _has_parent(state: bytes) -> bool:
@@ -110,6 +176,7 @@ class Worker:
                                                         self.lease_seconds):
                     continue
                 claimed += 1
+                self.index.claimed(run_id)
                 active[run_id] = asyncio.ensure_future(self._drive(run_id))
             if until_idle and not active and not claimed:
                 break

@@ -33,4 +33,5 @@ def test_every_error_has_an_exit_code() -> None:
              if isinstance(cls, type) and issubclass(cls, errors.SagaError)}
     assert codes["DefinitionError"] == 2 and codes["StoreUnavailableError"] == 3
     assert codes["RunNotFoundError"] == 4 and codes["ConcurrentWriteError"] == 5
-    assert all(isinstance(code, int) and 1 <= code <= 5 for code in codes.values())
+    assert codes["RunIdConflictError"] == 6
+    assert all(isinstance(code, int) and 1 <= code <= 6 for code in codes.values())

@@ -3,6 +3,7 @@ graph, status, list, history, approve and reject."""
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -331,3 +332,49 @@ def _decision_command(name: str, approved: bool, doc: str) -> None:
 _decision_command("approve", True, "Approve a step that waits for confirmation.")
 _decision_command("reject", False, "Reject a step that waits for confirmation (it fails and "
                                    "follows its on_error).")
+
+
+@main.command(name="signal")
+@click.argument("run_id")
+@click.argument("name")
+@click.option("--data", help="The signal's data as JSON (the waiting step's output).")
+@click.option("--actor", help="Who sends it (default: SAGA_ACTOR or the OS user).")
+@json_option
+def signal_command(run_id: str, name: str, data: str | None, actor: str | None,
+                   as_json: bool) -> None:
+    """Send the signal NAME to a run: the first step waiting for it continues with DATA.
+
+    \b
+    Example:
+      saga signal ORDER-42 go --data '{"amount": 42}'
+    """
+    try:
+        value = json.loads(data) if data is not None else None
+    except ValueError as e:
+        raise InputError([Problem("--data", f"not JSON: {e}")]) from None
+    run = _saga().signal(run_id, name, value, actor=actor)
+    if as_json:
+        _emit_json({"run_id": run.run_id, "signal": name, "status": run.status})
+    else:
+        click.echo(f"signal {name} sent to run {run.run_id}; a worker continues it "
+                   f"(or: saga resume {run.run_id})")
+
+
+def _pause_command(name: str, doc: str) -> None:
+    @main.command(name=name, help=doc)
+    @click.argument("run_id")
+    @click.option("--actor", help="Who does it (default: SAGA_ACTOR or the OS user).")
+    @json_option
+    def command(run_id: str, actor: str | None, as_json: bool) -> None:
+        s = _saga()
+        run = s.pause(run_id, actor=actor) if name == "pause" else s.unpause(run_id, actor=actor)
+        if as_json:
+            _emit_json({"run_id": run.run_id, "status": run.status})
+        else:
+            click.echo(f"run {run.run_id} is {run.status}")
+
+
+_pause_command("pause", "Pause a run: no new step starts, attempts in flight finish. "
+                        "Example: saga pause ORDER-42")
+_pause_command("unpause", "Let a paused run go on (a worker continues it). "
+                          "Example: saga unpause ORDER-42")

@@ -31,6 +31,21 @@ FailureStrategy = Literal["fail_fast", "partial_success", "rollback", "retry"]
 _ON_ERROR = re.compile(r"^(fail|continue|compensate|retry:\d+)$")
 
 
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+
+
+def parse_duration(value: float | str) -> float | None:
+    """Seconds from a number or a duration text (``90``, ``"90s"``, ``"10m"``, ``"2h"``,
+    ``"1d"``, ``"250ms"``); None when it is neither (or negative)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value) if value >= 0 else None
+    match = _DURATION.match(str(value))
+    return float(match.group(1)) * _UNITS[match.group(2)] if match else None
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
 
@@ -147,6 +162,16 @@ class Step(_Model):
     parallel_group: str | int | None = None
     layer: Literal["guarantee", "enhancement", "execution"] | None = None
     confirm: bool | str | None = None
+    sleep: float | str | None = Field(default=None, description="seconds, or '10m', '2h'")
+    signal: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,99}$")
+
+    @field_validator("sleep")
+    @classmethod
+    def _sleep_duration(cls, value: float | str | None) -> float | str | None:
+        if value is not None and parse_duration(value) is None:
+            raise ValueError("must be seconds (a number) or a duration such as '90s', '10m', "
+                             "'2h', '1d'")
+        return value
 
     @field_validator("compensate", mode="before")
     @classmethod
@@ -162,8 +187,13 @@ class Step(_Model):
 
     @model_validator(mode="after")
     def _one_action(self) -> Step:
-        if sum(x is not None for x in (self.tool, self.compute, self.use)) != 1:
-            raise ValueError("a step needs exactly one of 'tool', 'compute' or 'use'")
+        if sum(x is not None for x in (self.tool, self.compute, self.use, self.sleep,
+                                       self.signal)) != 1:
+            raise ValueError("a step needs exactly one of 'tool', 'compute', 'use', 'sleep' "
+                             "or 'signal'")
+        if (self.sleep is not None or self.signal is not None) and (
+                self.parameters or self.loop is not None or self.until is not None):
+            raise ValueError("a sleep or signal step takes no parameters and cannot loop")
         if self.compute is not None and self.parameters:
             raise ValueError("a compute step takes no parameters")
         if self.loop is not None and self.compute is not None:
@@ -203,6 +233,11 @@ class Step(_Model):
         if self.on_error == "continue":
             return True
         return self.layer == "enhancement" and "on_error" not in self.model_fields_set
+
+    @property
+    def sleep_seconds(self) -> float | None:
+        """How long a ``sleep`` step waits, in seconds."""
+        return None if self.sleep is None else parse_duration(self.sleep)
 
     @property
     def timeout_seconds(self) -> float | None:

@@ -41,6 +41,8 @@ class Run(Aggregate):
     TOPIC = "saga.Run"
     #: HMAC key for event links, set once per process from configuration (never stored).
     audit_key: ClassVar[bytes | None] = None
+    #: Defaults for state added since runs were first recorded (an older snapshot lacks it).
+    paused = False
 
     class Event(Aggregate.Event):
         """Base of every run event: the audit chain fields, then the payload."""
@@ -63,7 +65,7 @@ class Run(Aggregate):
             before = aggregate.status if aggregate is not None else "running"
             aggregate = super().mutate(aggregate)
             aggregate.status = status_after(type(self).__name__, before,
-                                            still_waiting=bool(aggregate.pending_approvals))
+                                            still_waiting=aggregate.is_waiting)
             aggregate.head_hash = self.link()
             return aggregate
 
@@ -122,6 +124,8 @@ class Run(Aggregate):
         self.completion_order: list[str] = []
         self.compensation: dict[str, Any] | None = None
         self.approvals: dict[str, dict[str, Any]] = {}
+        self.signals: list[dict[str, Any]] = []
+        self.paused = False
         self.outputs: Any = None
         self.error: dict[str, Any] | None = None
         self.failed_step: str | None = None
@@ -173,7 +177,7 @@ class Run(Aggregate):
             s = aggregate._step(self.step_id, self.iteration)
             s.update(status="running", attempt=self.attempt, parameters=self.parameters,
                      idempotency_key=self.idempotency_key, worker=self.worker, retry_at=None,
-                     error=None)
+                     error=None, wait=None)
             s["started_at"] = s["started_at"] or iso(self.timestamp)
             s["attempt_started_at"] = iso(self.timestamp)
 
@@ -298,6 +302,52 @@ class Run(Aggregate):
             aggregate.approvals[self.step_id].update(status="rejected", actor=self.actor,
                                                      comment=self.comment)
 
+    # -- waits: timers, signals, pauses -------------------------------------------------
+
+    class StepWaiting(Event):
+        """A started ``sleep`` or ``signal`` step waits: until a time (the worker's clock
+        read once, recorded here), for a signal, or both (a signal with a timeout)."""
+
+        TOPIC = "saga.StepWaiting"
+        step_id: str
+        iteration: int
+        until: str | None
+        signal: str | None
+
+        def apply(self, aggregate: Any) -> None:
+            aggregate._step(self.step_id, self.iteration)["wait"] = {
+                "until": self.until, "signal": self.signal}
+
+    class SignalReceived(Event):
+        """A signal was sent to the run; the first step waiting for its name (now or
+        later) consumes it, in the order signals arrived."""
+
+        TOPIC = "saga.SignalReceived"
+        name: str
+        data: Any
+
+        def apply(self, aggregate: Any) -> None:
+            received = aggregate.__dict__.setdefault("signals", [])
+            received.append({"name": self.name, "data": self.data, "actor": self.actor,
+                             "at": iso(self.timestamp)})
+
+    class RunPaused(Event):
+        """Someone paused the run: no new step starts; attempts in flight finish."""
+
+        TOPIC = "saga.RunPaused"
+        reason: str | None
+
+        def apply(self, aggregate: Any) -> None:
+            aggregate.paused = True
+
+    class RunUnpaused(Event):
+        """Someone let a paused run go on."""
+
+        TOPIC = "saga.RunUnpaused"
+
+        def apply(self, aggregate: Any) -> None:
+            aggregate.paused = False
+
     # -- compensation ------------------------------------------------------------------
 
     class CompensationStarted(Event):
@@ -310,6 +360,7 @@ class Run(Aggregate):
         cancel: bool
 
         def apply(self, aggregate: Any) -> None:
+            aggregate.paused = False  # undoing is what was asked: nothing holds it back
             aggregate.compensation = {"reason": self.reason, "steps": list(self.steps),
                                       "done": {}, "actor": self.actor, "cancel": self.cancel,
                                       "requested": self.requested}
@@ -415,6 +466,25 @@ class Run(Aggregate):
             aggregate.error = {"type": "cancelled", "message": self.reason or "cancelled"}
 
     @property
+    def waits(self) -> dict[str, dict[str, Any]]:
+        """Steps waiting for a time or a signal, by key."""
+        return {k: s["wait"] for k, s in self.steps.items()
+                if s["status"] == "running" and s.get("wait")}
+
+    @property
+    def is_waiting(self) -> bool:
+        """Waiting for a person, a time or a signal."""
+        return bool(self.pending_approvals or self.waits)
+
+    def unconsumed_signals(self, name: str) -> list[Any]:
+        """The data of the signals of this name no step has taken yet, oldest first."""
+        sent = [x["data"] for x in getattr(self, "signals", []) if x["name"] == name]
+        taken = sum(1 for s in self.steps.values()
+                    if s["status"] in ("completed", "compensated")
+                    and (s.get("wait") or {}).get("signal") == name)
+        return sent[taken:]
+
+    @property
     def pending_approvals(self) -> list[str]:
         """Steps waiting for an approval decision."""
         return [k for k, v in self.approvals.items() if v["status"] == "requested"]
@@ -504,6 +574,24 @@ class Run(Aggregate):
         else:
             cls = self.RunCompensated if status == "compensated" else self.RunFailed
             self.trigger_event(cls, error=error or {}, failed_step=failed_step, outputs=outputs)
+
+    def wait(self, step_id: str, iteration: int, until: str | None,
+             signal: str | None) -> None:
+        """Record that a started step waits for a time, a signal, or both."""
+        self.trigger_event(self.StepWaiting, step_id=step_id, iteration=iteration, until=until,
+                           signal=signal)
+
+    def receive_signal(self, name: str, data: Any, actor: str) -> None:
+        """Record a signal sent to the run."""
+        self.trigger_event(self.SignalReceived, name=name, data=data, actor=actor)
+
+    def pause(self, actor: str, reason: str | None = None) -> None:
+        """Record that no new step may start."""
+        self.trigger_event(self.RunPaused, actor=actor, reason=reason)
+
+    def unpause(self, actor: str) -> None:
+        """Record that the run may go on."""
+        self.trigger_event(self.RunUnpaused, actor=actor)
 
     def cancel(self, actor: str, reason: str | None = None) -> None:
         """Record that the run was cancelled."""

@@ -7,8 +7,8 @@ from datetime import datetime
 from typing import Any, Literal, TypedDict, get_args
 from uuid import UUID, uuid5
 
-RunStatus = Literal["running", "waiting", "completed", "failed", "compensating", "compensated",
-                   "cancelled"]
+RunStatus = Literal["running", "waiting", "paused", "completed", "failed", "compensating",
+                   "compensated", "cancelled"]
 
 
 StepStatus = Literal["pending", "running", "completed", "failed", "skipped", "compensated"]
@@ -27,7 +27,8 @@ EVENT_TYPES = (
     "RunStarted", "StepStarted", "StepCompleted", "StepFailed", "StepSkipped",
     "HealStarted", "RemedyApplied", "ApprovalRequested", "ApprovalGranted",
     "ApprovalRejected", "CompensationStarted", "StepCompensated", "CompensationFailed",
-    "RunRetried", "RunCompleted", "RunFailed", "RunCompensated", "RunCancelled")
+    "RunRetried", "RunCompleted", "RunFailed", "RunCompensated", "RunCancelled",
+    "RunPaused", "RunUnpaused", "StepWaiting", "SignalReceived")
 
 
 TOPIC_PREFIX = "saga."
@@ -39,6 +40,8 @@ ENDINGS: dict[str, RunStatus] = {"RunCompleted": "completed", "RunFailed": "fail
 
 
 DECISIONS = frozenset({"ApprovalGranted", "ApprovalRejected"})
+#: Events after which a waiting run may be waiting no longer.
+RESOLVING = DECISIONS | {"StepCompleted", "StepFailed", "StepSkipped"}
 
 
 class StepState(TypedDict, total=False):
@@ -72,18 +75,22 @@ def status_after(event: str, status: RunStatus, *, still_waiting: bool = False) 
     """The run status an event leaves, from the status before it: the one rule the
     aggregate, the read model and the worker's index all fold with.
 
-    ``still_waiting``: after an approval decision, other approvals are still pending.
+    ``still_waiting``: after an event that may end a wait (:data:`RESOLVING`), an
+    approval, a timer or a signal is still awaited.
     """
     if event in ENDINGS:
         return ENDINGS[event]
-    if event in ("RunStarted", "RunRetried"):
-        return "running"
-    if event == "ApprovalRequested":
-        return "waiting"
-    if event in DECISIONS:
-        return "running" if status == "waiting" and not still_waiting else status
+    if event == "RunPaused":
+        return "paused"
     if event == "CompensationStarted":
         return "compensating"
+    if status == "paused" and event != "RunUnpaused":
+        return status
+    if event in ("ApprovalRequested", "StepWaiting"):
+        return "waiting"
+    if event in ("RunStarted", "RunRetried", "RunUnpaused") or (
+            status == "waiting" and event in RESOLVING):
+        return "waiting" if still_waiting else "running"
     return status
 
 

@@ -39,8 +39,12 @@ class Executor:
                  clock: Callable[[], datetime] = _now,
                  sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
                  on_events: EventHook | None = None, max_threads: int = 16,
-                 cache: ToolCache | None = None) -> None:
+                 cache: ToolCache | None = None, hold: float = 60.0) -> None:
+        """``hold``: the longest wait (a retry's backoff, a sleep, a signal's timeout) a
+        drive waits out in this process; a longer one ends the drive, and a worker picks
+        the run up again when it is due."""
         self.app = app
+        self.hold = hold
         self.sleep = sleep
         self.cache = cache
         self.registry = registry

@@ -101,6 +101,7 @@ class Drive:
         self.timers: set[tuple[str, int, int]] = set()
         self.remedies: set[tuple[Any, ...]] = set()
         self.compensating: set[str] = set()
+        self.wakes: set[str] = set()
 
     async def go(self) -> Run:
         # Whoever drives a run now is its only driver (it holds the lease), so any attempt
@@ -146,6 +147,7 @@ class Drive:
         launches: list[tuple[str, Any]] = []
         while True:
             before = (len(self.run.pending_events), len(launches))
+            launches += self._waits()
             for action in scheduler.decide(self.plan, self.run):
                 launch = self._apply(action)
                 if launch is not None:
@@ -173,6 +175,8 @@ class Drive:
         if action.not_before is not None:
             due = datetime.fromisoformat(action.not_before)
             delay = (due - self.x.clock()).total_seconds()
+            if delay > self.x.hold:
+                return None  # durable: the run is released and picked up when it is due
             if delay > 0:
                 marker = (action.step_id, action.iteration, action.attempt)
                 if marker not in self.timers:
@@ -180,7 +184,43 @@ class Drive:
                     return ("timer", (action, delay))
                 return None
         action.record(self.run, self.x.worker)
+        step = self.plan.step(action.step_id)
+        if step.sleep is not None or step.signal is not None:
+            seconds = step.sleep_seconds if step.sleep is not None else step.timeout_seconds
+            until = None if seconds is None else \
+                (self.x.clock() + timedelta(seconds=seconds)).isoformat()
+            self.run.wait(action.step_id, action.iteration, until, step.signal)
+            return None
         return ("step", action)
+
+    def _waits(self) -> list[tuple[str, Any]]:
+        """End the waits that are due (a sleep completes, a signal wait times out) and set
+        in-process timers for those due soon; a wait due later holds no process."""
+        launches: list[tuple[str, Any]] = []
+        now = self.x.clock()
+        for key, wait in self.run.waits.items():
+            if wait["until"] is None:
+                continue
+            state = self.run.steps[key]
+            left = (datetime.fromisoformat(wait["until"]) - now).total_seconds()
+            if left <= 0:
+                self._end_wait(state, wait)
+            elif left <= self.x.hold and key not in self.wakes:
+                self.wakes.add(key)
+                launches.append(("wake", (key, left)))
+        return launches
+
+    def _end_wait(self, state: dict[str, Any], wait: dict[str, Any]) -> None:
+        step_id, iteration, attempt = state["step_id"], state["iteration"], state["attempt"]
+        waited = _ms_between_iso(state.get("attempt_started_at"), self.x.clock())
+        if wait["signal"] is None:
+            self.run.complete_step(step_id, iteration, attempt,
+                                   {"slept_until": wait["until"]}, waited)
+            return
+        self._record_failure(Outcome(
+            "step", step_id, iteration, attempt, ok=False, error_type="SignalTimeout",
+            message=f"no signal {wait['signal']!r} arrived by {wait['until']}",
+            retryable=False, duration_ms=waited))
 
     def _compensate(self, action: CompensateStep) -> tuple[str, Any] | None:
         key = f"{action.step_id}:{action.iteration}"
@@ -195,7 +235,9 @@ class Drive:
 
     def _record(self, outcome: Outcome) -> None:
         run = self.run
-        if outcome.kind == "timer":
+        if outcome.kind == "wake":
+            self.wakes.discard(outcome.step_id)  # the next turn ends the wait
+        elif outcome.kind == "timer":
             self.timers.discard((outcome.step_id, outcome.iteration, outcome.attempt))
         elif outcome.kind == "remedy":
             self.remedies.discard(("remedy", outcome.step_id, outcome.iteration, outcome.attempt))
@@ -250,7 +292,11 @@ class Drive:
     # -- performing --------------------------------------------------------------------
 
     def _launch(self, kind: str, payload: Any) -> None:
-        if kind == "timer":
+        if kind == "wake":
+            key, delay = payload
+            coro = self._wake(key, delay)
+            ident = (kind, key, 0, 0)
+        elif kind == "timer":
             action, delay = payload
             coro = self._timer(action, delay)
             ident = (kind, action.step_id, action.iteration, action.attempt)
@@ -264,6 +310,10 @@ class Drive:
             coro = self._call_compensation(payload)
             ident = (kind, payload.step_id, payload.iteration, 1)
         self.tasks[asyncio.ensure_future(coro)] = ident
+
+    async def _wake(self, key: str, delay: float) -> Outcome:
+        await self.x.sleep(delay)
+        return Outcome("wake", key, 0, 0)
 
     async def _timer(self, action: StartStep, delay: float) -> Outcome:
         await self.x.sleep(delay)
@@ -461,6 +511,12 @@ def _outcome_of(task: asyncio.Task[Outcome], kind: str, step_id: str, iteration:
     except Exception as e:
         return Outcome(kind, step_id, iteration, number, ok=False, error_type=type(e).__name__,
                        message=f"unexpected error: {e}", retryable=False)
+
+
+def _ms_between_iso(start: str | None, end: datetime) -> int:
+    if start is None:
+        return 0
+    return max(round((end - datetime.fromisoformat(start)).total_seconds() * 1000), 0)
 
 
 def _check_json(value: Any) -> None:

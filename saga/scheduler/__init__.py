@@ -49,8 +49,14 @@ __all__ = [
 ]
 
 
+#: What a paused run does not do: start work (steps, loops, remedies, compensations).
+_WORK = (StartStep, StartLoop, RunRemedy, CompensateStep, StartCompensation)
+
+
 def decide(plan: Plan, run: Run) -> list[Action]:
     """The actions that follow from the run's recorded state; empty when it must wait."""
-    if isinstance(plan, GraphPlan):
-        return graph.decide(plan, run)
-    return step_list.decide(plan, run)
+    actions = graph.decide(plan, run) if isinstance(plan, GraphPlan) \
+        else step_list.decide(plan, run)
+    if run.paused:
+        return [a for a in actions if not isinstance(a, _WORK)]
+    return actions

@@ -88,8 +88,8 @@ def interrupted(plan: Plan, run: Run) -> list[FailStep]:
     """
     actions = []
     for state in run.steps.values():
-        if state["status"] != "running" or is_loop_parent(plan, state):
-            continue
+        if state["status"] != "running" or is_loop_parent(plan, state) or state.get("wait"):
+            continue  # a recorded wait is not an attempt in flight: it outlives any worker
         step = plan.step(state["step_id"])
         again = (step.idempotent or step.on_interrupt == "retry") \
             and state["attempt"] < interrupt_attempts(plan, step)

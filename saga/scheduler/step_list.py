@@ -112,8 +112,14 @@ def _finished(view: _View, step_id: str) -> bool:
 def _step_actions(view: _View) -> list[Action]:
     actions: list[Action] = []
     slots = [view.plan.definition.max_concurrency - _occupied(view)]
+    handed: dict[str, int] = {}  # signals given to waiting steps in this call, by name
     for step_id, step in view.plan.steps.items():
         state = _state(view, step_id)
+        wait = state.get("wait") if state["status"] == "running" else None
+        if wait and wait.get("signal"):
+            action = _signal_delivery(view, step, state, wait["signal"], handed)
+            actions += [action] if action is not None else []
+            continue
         if step.loop is not None and state["status"] == "running":
             actions += _iteration_actions(view, step, state, slots)
             continue
@@ -245,6 +251,18 @@ def _iteration_start(view: _View, step: Step, iteration: int, item: Any) -> Acti
         return FailStep(step.id, iteration, 1, "ExpressionError", f"parameters: {e}")
 
 
+def _signal_delivery(view: _View, step: Step, state: dict[str, Any], name: str,
+                     handed: dict[str, int]) -> Action | None:
+    """A step waiting for a signal completes with the oldest signal of that name no step
+    took yet (steps waiting for the same name take them in plan order)."""
+    available = view.run.unconsumed_signals(name)
+    index = handed.get(name, 0)
+    if index >= len(available):
+        return None
+    handed[name] = index + 1
+    return CompleteStep(step.id, state["iteration"], available[index])
+
+
 def _ready_action(view: _View, step: Step) -> Action | None:
     """What to do with a step whose dependencies have all finished."""
     if step.layer == "enhancement" and view.run.context.get("mode") == "eco":
@@ -260,6 +278,11 @@ def _ready_action(view: _View, step: Step) -> Action | None:
         return approval if isinstance(approval, RequestApproval | FailStep) else None
     if step.compute is not None:
         return StartStep(step.id, 0, 1, {"compute": step.compute})
+    if step.sleep is not None:
+        return StartStep(step.id, 0, 1, {"sleep": step.sleep_seconds})
+    if step.signal is not None:
+        return StartStep(step.id, 0, 1, {"signal": step.signal,
+                                         "timeout": step.timeout_seconds})
     if step.until is not None:
         return StartLoop(step.id, {"repeat": step.max_iterations})
     if step.use is not None and step.loop is None:

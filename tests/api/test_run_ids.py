@@ -30,7 +30,7 @@ def test_the_same_id_twice_runs_once_and_is_found_by_its_name(saga: Saga) -> Non
     assert (again.run_id, again.version) == ("ORDER-42", first.version)
     assert effects() == 1
     assert saga.status("ORDER-42")["run_id"] == "ORDER-42"
-    assert [e["type"] for e in saga.history("ORDER-42")][0] == "RunStarted"
+    assert saga.history("ORDER-42")[0]["type"] == "RunStarted"
     assert saga.submit(saga.load(FLOW), {"amount": 42}, run_id="ORDER-42").version == \
         first.version
 

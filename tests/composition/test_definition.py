@@ -247,6 +247,8 @@ steps:
     depends_on: [step_a, step_b]  # Waits for both
 '''
 
+ONE_ACTION = "a step needs exactly one of 'tool', 'compute', 'use', 'sleep' or 'signal'"
+
 
 def built(data: dict[str, Any]) -> Definition:
     """The Definition for ``data``, failing the test with every problem if it is invalid."""
@@ -500,7 +502,7 @@ def test_on_error_rejects_anything_else(on_error: str) -> None:
 @pytest.mark.parametrize("action", [{"tool": "t", "compute": "result = 1"}, {}])
 def test_a_step_needs_exactly_one_action(action: dict[str, Any]) -> None:
     assert problems_of(one_step(**action)) == [
-        Problem("steps[0]", "a step needs exactly one of 'tool', 'compute' or 'use'")]
+        Problem("steps[0]", ONE_ACTION)]
 
 
 def test_a_compute_step_takes_no_parameters() -> None:

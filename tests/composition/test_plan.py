@@ -31,6 +31,8 @@ START_WORK_ORDER = ["get_issue", "build_branch_name", "check_existing_branch", "
                     "detect_failure", "fix_vpn", "fix_auth", "retry_create_branch",
                     "transition_issue"]
 
+ONE_ACTION = "a step needs exactly one of 'tool', 'compute', 'use', 'sleep' or 'signal'"
+
 
 def steps(*specs: dict[str, Any], **extra: Any) -> dict[str, Any]:
     """A composition named ``t`` with these steps (a step without an action calls ``t``)."""
@@ -285,7 +287,7 @@ def test_every_problem_is_reported_together_with_its_path() -> None:
     assert ("steps", "dependency cycle: a -> b -> a") in found
     assert ("steps[5].depend_on", "unknown key (not part of the composition language)") in found
     assert ("steps[6].on_error", "must be fail, continue, compensate or retry:N") in found
-    assert ("steps[7]", "a step needs exactly one of 'tool', 'compute' or 'use'") in found
+    assert ("steps[7]", ONE_ACTION) in found
     assert ("inputs[1]", "default 'other' is invalid: must be one of ['a', 'b']") in found
     assert {"inputs[0].pattern", "inputs[2].type"} <= paths
     assert ("steps[4].tool", "unknown tool 'nope'") in found
@@ -313,7 +315,7 @@ def test_model_and_graph_problems_are_reported_together() -> None:
         Problem("steps[3].id", "duplicate id 'a' (first at steps[0])"),
         Problem("steps[4].depend_on", "unknown key (not part of the composition language)"),
         Problem("steps[5].on_error", "must be fail, continue, compensate or retry:N"),
-        Problem("steps[6]", "a step needs exactly one of 'tool', 'compute' or 'use'"),
+        Problem("steps[6]", ONE_ACTION),
     ]
 
 

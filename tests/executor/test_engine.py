@@ -531,10 +531,17 @@ def test_a_missing_nested_composition_is_a_validation_error(saga: Saga) -> None:
 def test_children_are_not_picked_up_by_workers_on_their_own(saga: Saga) -> None:
     from saga.worker import RunIndex
 
-    run = saga.run(saga.load(parent()))
     index = RunIndex(saga.app)
+    seen: list[str] = []
+    original = index._apply
+    index._apply = lambda run_id, topic, state: (  # type: ignore[method-assign]
+        seen.append(run_id) if topic.endswith("RunStarted") else None,
+        original(run_id, topic, state))
+    run = saga.run(saga.load(parent()))
+    pending = saga.submit(saga.load(parent()))
     index.refresh()
-    assert set(index.runs) == {run.run_id}
+    assert set(seen) == {str(run.id), str(pending.id)}  # a child's start is never followed
+    assert set(index.runs) == {str(pending.id)}  # finished runs are not followed
 
 
 def test_expect_fails_a_step_whose_output_does_not_meet_it(saga: Saga) -> None:

@@ -1,0 +1,105 @@
+"""Durable timers, signals and pauses: a run that waits holds no process, and any worker
+moves it on when it is due, signalled or unpaused."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from saga import Saga
+from saga.errors import InputError, RunNotFoundError, RunStateError
+
+FLOW = {"name": "waits", "steps": [
+    {"id": "nap", "sleep": "2s"},
+    {"id": "go", "signal": "go"},
+    {"id": "pay", "tool": "echo", "parameters": {"amount": "{{ go.amount }}"}}]}
+
+
+def drain(saga: Saga) -> None:
+    saga.worker_loop(poll_interval=0.05, lease_seconds=2).run(until_idle=True)
+
+
+def until(saga: Saga, run_id: str, key: str) -> datetime:
+    return datetime.fromisoformat(saga.get(run_id).steps[key]["wait"]["until"])
+
+
+def test_sleep_then_signal_then_the_next_step_sees_its_data(saga: Saga) -> None:
+    run = saga.submit(saga.load(FLOW))
+    drain(saga)  # starts the sleep and returns: nothing is runnable before it is due
+    assert saga.get(run.run_id).status == "waiting"
+    assert until(saga, run.run_id, "nap") > datetime.now(UTC)  # it did not wait it out
+    time.sleep(max((until(saga, run.run_id, "nap") - datetime.now(UTC)).total_seconds(), 0))
+    drain(saga)
+    waiting = saga.get(run.run_id)
+    assert (waiting.status, waiting.steps["nap"]["status"]) == ("waiting", "completed")
+    assert waiting.waits == {"go": {"until": None, "signal": "go"}}
+    saga.signal(run.run_id, "go", {"amount": 42}, actor="ops")
+    drain(saga)
+    done = saga.get(run.run_id)
+    assert done.status == "completed"
+    assert done.outputs["pay"] == {"amount": 42}
+    with pytest.raises(RunStateError, match="unfinished run"):
+        saga.signal(run.run_id, "go", {})
+    with pytest.raises(RunNotFoundError):
+        saga.signal("NO-SUCH-RUN", "go", {})
+    with pytest.raises(InputError):
+        saga.signal(run.run_id, "bad name!", {})
+
+
+def test_signals_sent_before_anyone_waits_are_kept_and_taken_in_order(lite: Saga) -> None:
+    flow = {"name": "two", "steps": [
+        {"id": "hold", "signal": "start"},
+        {"id": "first", "signal": "item"}, {"id": "second", "signal": "item"}]}
+    run = lite.submit(lite.load(flow))
+    lite.signal(run.run_id, "item", 1)
+    lite.signal(run.run_id, "item", 2)
+    lite.signal(run.run_id, "start", None)
+    drain(lite)
+    done = lite.get(run.run_id)
+    assert done.status == "completed"
+    assert (done.outputs["first"], done.outputs["second"]) == (1, 2)
+
+
+def test_a_signal_timeout_is_a_failure_that_follows_on_error(lite: Saga) -> None:
+    flow = {"name": "late", "steps": [
+        {"id": "wait", "signal": "never", "timeout": 0.3, "on_error": "continue"},
+        {"id": "after", "tool": "echo", "parameters": {"got": "{{ wait }}"}}]}
+    run = lite.run(lite.load(flow))  # in process: a short wait is waited out here
+    assert run.status == "completed"
+    assert run.steps["wait"]["error"]["type"] == "SignalTimeout"
+
+
+def test_pause_stops_new_steps_and_unpause_lets_a_worker_go_on(saga: Saga) -> None:
+    flow: dict[str, Any] = {"name": "p", "steps": [{"id": "a", "tool": "noop"},
+                                                   {"id": "b", "tool": "noop"}]}
+    run = saga.submit(saga.load(flow))
+    paused = saga.pause(run.run_id, actor="ops")
+    assert paused.status == "paused"
+    drain(saga)
+    assert saga.get(run.run_id).steps == {}  # nothing started while paused
+    with pytest.raises(RunStateError):
+        saga.pause(run.run_id)
+    saga.unpause(run.run_id, actor="ops")
+    drain(saga)
+    done = saga.get(run.run_id)
+    assert done.status == "completed"
+    kinds = [(e["type"], e["payload"].get("actor")) for e in saga.history(run.run_id)]
+    assert ("RunPaused", "ops") in kinds and ("RunUnpaused", "ops") in kinds
+
+
+def test_a_long_retry_backoff_releases_the_worker(lite: Saga) -> None:
+    flow = {"name": "backoff", "steps": [
+        {"id": "flaky", "tool": "fail", "parameters": {"times": 1},
+         "retry": {"max_attempts": 2, "delay": 1.5, "jitter": 0}}]}
+    run = lite.submit(lite.load(flow))
+    drain(lite)  # the first attempt fails; the 1.5 s backoff is not waited out here
+    first = lite.get(run.run_id)
+    assert (first.status, first.steps["flaky"]["status"]) == ("running", "failed")
+    due = datetime.fromisoformat(first.steps["flaky"]["retry_at"])
+    assert due > datetime.now(UTC)
+    time.sleep(max((due - datetime.now(UTC)).total_seconds(), 0))
+    drain(lite)
+    assert lite.get(run.run_id).status == "completed"
