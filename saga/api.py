@@ -23,7 +23,7 @@ from saga import composition, expressions, replay, secrets
 from saga.audit import REDACTED
 from saga.chain import json_safe
 from saga.composition import Plan, plan_of
-from saga.composition.definition import resolve_inputs
+from saga.composition.definition import parse_duration, resolve_inputs
 from saga.config import Settings, load_settings
 from saga.domain import Run, RunStatus
 from saga.errors import (
@@ -147,6 +147,13 @@ class Saga:
         if not isinstance(plan, Plan):
             plan = self.load(plan)
         resolved = json_safe(resolve_inputs(plan.definition, dict(inputs or {})))
+        options = dict(options or {})
+        timeout = options.get("timeout", plan.definition.timeout)
+        if timeout is not None:
+            seconds = parse_duration(timeout)
+            if not seconds:
+                raise InputError([Problem("timeout", f"{timeout!r} is not a duration")])
+            options["timeout"] = seconds
         context: dict[str, Any] = {"actor": actor or self.settings.actor,
                                    "labels": check_labels(labels or {}),
                                    "mode": (options or {}).get("mode", "normal")}
@@ -159,7 +166,7 @@ class Saga:
             existing = self._existing(run_id, plan, recorded)
             if existing is not None:
                 return existing
-        run = self.app.start(plan, recorded, context, dict(options or {}), run_id=run_id)
+        run = self.app.start(plan, recorded, context, options, run_id=run_id)
         secrets.remember(run.run_id, hidden)
         return run
 

@@ -20,7 +20,8 @@ from saga.domain import Run, step_key
 from saga.scheduler.actions import brief
 
 _WORLD = {"StepCompleted", "ApprovalGranted", "ApprovalRejected", "RunRetried",
-          "RemedyApplied", "StepWaiting", "SignalReceived", "RunPaused", "RunUnpaused"}
+          "RemedyApplied", "StepWaiting", "SignalReceived", "RunPaused", "RunUnpaused",
+          "RunTimedOut"}
 
 
 @dataclass(frozen=True)

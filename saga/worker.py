@@ -14,7 +14,7 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from saga.domain import DECISIONS, TERMINAL, RunStatus, event_name, status_after, step_key
@@ -39,6 +39,7 @@ class _Followed:
     waits: dict[str, str | None] = field(default_factory=dict)  # step key -> until
     retries: dict[str, str] = field(default_factory=dict)  # step key -> next retry time
     nudged: bool = True  # something happened that a driver should look at
+    deadline: str | None = None  # when the run times out, if it has a timeout
 
 
 @dataclass
@@ -68,10 +69,12 @@ class RunIndex:
     def _apply(self, run_id: str, topic: str, state: bytes) -> None:
         kind = event_name(topic)
         if kind == "RunStarted":
-            self.runs[run_id] = _Followed()
+            self.runs[run_id] = _Followed(deadline=_deadline(_payload(state)))
         run = self.runs.get(run_id)
         if run is None:
             return  # not a run this index follows (e.g. a child run)
+        if kind in ("RunTimedOut", "CompensationStarted"):
+            run.deadline = None
         if kind == "ApprovalRequested":
             run.approvals += 1
         elif kind in DECISIONS:
@@ -104,7 +107,7 @@ class RunIndex:
             if run.status == "paused":
                 continue
             due = any(t is not None and t <= now
-                      for t in [*run.waits.values(), *run.retries.values()])
+                      for t in [*run.waits.values(), *run.retries.values(), run.deadline])
             idle = run.status == "waiting" or bool(run.waits) or bool(run.retries)
             if due or run.nudged or not idle:
                 ready.append(run_id)
@@ -120,6 +123,16 @@ class RunIndex:
 _QUIET = frozenset({"StepStarted", "StepWaiting", "StepFailed", "StepCompleted",
                     "StepSkipped", "HealStarted", "RemedyApplied", "StepCompensated",
                     "CompensationFailed", "ApprovalRequested"})
+
+
+def _deadline(started: dict[str, Any]) -> str | None:
+    """A run's deadline from its ``RunStarted`` payload (its ``timeout`` option)."""
+    seconds = (started.get("options") or {}).get("timeout")
+    stamp = started.get("timestamp")
+    when = stamp.get("_data_") if isinstance(stamp, dict) else stamp
+    if not seconds or not isinstance(when, str):
+        return None
+    return (datetime.fromisoformat(when) + timedelta(seconds=float(seconds))).isoformat()
 
 
 def _payload(state: bytes) -> dict[str, Any]:

@@ -277,6 +277,17 @@ class Definition(_Model):
     max_concurrency: int = Field(default=8, ge=1, le=1024)
     confirmations: list[Confirmation] = Field(default_factory=list)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    timeout: float | str | None = Field(default=None, description="the whole run's deadline: "
+                                                                  "seconds or '2h'")
+    queue: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+    @field_validator("timeout")
+    @classmethod
+    def _timeout_duration(cls, value: float | str | None) -> float | str | None:
+        if value is not None and not parse_duration(value):
+            raise ValueError("must be a positive number of seconds or a duration such as "
+                             "'90s', '10m', '2h'")
+        return value
 
     @field_validator("version", mode="before")
     @classmethod

@@ -17,9 +17,9 @@ from uuid import uuid4
 from eventsourcing.domain import Aggregate
 
 from saga.chain import CHAIN_FIELDS, GENESIS, event_hash, genesis, link_fields
+from saga.domain.commands import RunCommands
 from saga.domain.vocabulary import (
     TERMINAL,
-    idempotency_key,
     iso,
     ms_between,
     run_uuid,
@@ -30,7 +30,7 @@ from saga.domain.vocabulary import (
 _ENVELOPE = ("originator_id", "originator_version", "timestamp", "originator_topic")
 
 
-class Run(Aggregate):
+class Run(RunCommands, Aggregate):
     """One run of a composition: the event-sourced unit of consistency (one writer).
 
     Every event carries the hash of its predecessor (``prev_hash``), the hash of its own
@@ -43,6 +43,7 @@ class Run(Aggregate):
     audit_key: ClassVar[bytes | None] = None
     #: Defaults for state added since runs were first recorded (an older snapshot lacks it).
     paused = False
+    timed_out: str | None = None
 
     class Event(Aggregate.Event):
         """Base of every run event: the audit chain fields, then the payload."""
@@ -331,6 +332,16 @@ class Run(Aggregate):
             received.append({"name": self.name, "data": self.data, "actor": self.actor,
                              "at": iso(self.timestamp)})
 
+    class RunTimedOut(Event):
+        """The run's deadline (its ``timeout``) passed before it finished: it stops and
+        undoes what it did, wherever it was."""
+
+        TOPIC = "saga.RunTimedOut"
+        deadline: str
+
+        def apply(self, aggregate: Any) -> None:
+            aggregate.timed_out = self.deadline
+
     class RunPaused(Event):
         """Someone paused the run: no new step starts; attempts in flight finish."""
 
@@ -491,108 +502,3 @@ class Run(Aggregate):
 
     def _finish(self, e: Any) -> None:
         self.finished_at = iso(e.timestamp)
-
-    # -- commands (each triggers exactly one event) ------------------------------------
-
-    def start_step(self, step_id: str, iteration: int, attempt: int, parameters: Any,
-                   worker: str | None = None) -> None:
-        """Record that an attempt is about to run."""
-        self.trigger_event(self.StepStarted, step_id=step_id, iteration=iteration,
-                           attempt=attempt, parameters=parameters, worker=worker,
-                           idempotency_key=idempotency_key(self.run_id, step_id, iteration))
-
-    def complete_step(self, step_id: str, iteration: int, attempt: int, output: Any,
-                      duration_ms: int, cache: dict[str, Any] | None = None) -> None:
-        """Record an attempt's output (``cache``: it came from an earlier run's call)."""
-        self.trigger_event(self.StepCompleted, step_id=step_id, iteration=iteration,
-                           attempt=attempt, output=output, duration_ms=duration_ms, cache=cache)
-
-    def fail_step(self, step_id: str, iteration: int, attempt: int, error_type: str,
-                  message: str, retryable: bool = False, next_retry_at: str | None = None) -> None:
-        """Record a failed attempt, and when it will be retried (if it will)."""
-        self.trigger_event(self.StepFailed, step_id=step_id, iteration=iteration,
-                           attempt=attempt, error_type=error_type, message=message,
-                           retryable=retryable, next_retry_at=next_retry_at)
-
-    def skip_step(self, step_id: str, iteration: int, reason: str) -> None:
-        """Record that a step will not run, and why."""
-        self.trigger_event(self.StepSkipped, step_id=step_id, iteration=iteration, reason=reason)
-
-    def start_heal(self, step_id: str, iteration: int, attempt: int, handler: int,
-                   remedies: list[dict[str, Any]]) -> None:
-        """Record that an auto-heal handler fires for a failed attempt."""
-        self.trigger_event(self.HealStarted, step_id=step_id, iteration=iteration,
-                           attempt=attempt, handler=handler, remedies=remedies)
-
-    def remedy_applied(self, step_id: str, iteration: int, index: int, ok: bool, output: Any,
-                       error: str | None) -> None:
-        """Record one remedy's outcome."""
-        self.trigger_event(self.RemedyApplied, step_id=step_id, iteration=iteration,
-                           index=index, ok=ok, output=output, error=error)
-
-    def request_approval(self, step_id: str, message: str) -> None:
-        """Record that a step waits for a decision."""
-        self.trigger_event(self.ApprovalRequested, step_id=step_id, message=message)
-
-    def decide_approval(self, step_id: str, approved: bool, actor: str,
-                        comment: str | None = None) -> None:
-        """Record a person's decision on a waiting step."""
-        cls = self.ApprovalGranted if approved else self.ApprovalRejected
-        self.trigger_event(cls, step_id=step_id, actor=actor, comment=comment)
-
-    def start_compensation(self, reason: str, steps: list[str], actor: str | None = None,
-                           cancel: bool = False) -> None:
-        """Record the start of rollback and its order: automatic, or ``actor``'s request
-        (``cancel``: the run ends cancelled)."""
-        self.trigger_event(self.CompensationStarted, reason=reason, steps=steps, actor=actor,
-                           requested=actor is not None, cancel=cancel)
-
-    def retry(self, actor: str, steps: list[str], reopened: list[str] | None = None) -> None:
-        """Record a redrive of the given failed (and upstream-skipped) steps, reopening the
-        loop steps whose iterations those are."""
-        self.trigger_event(self.RunRetried, actor=actor, steps=steps,
-                           reopened=list(reopened or []))
-
-    def compensated(self, step_id: str, iteration: int, output: Any) -> None:
-        """Record a successful compensation."""
-        self.trigger_event(self.StepCompensated, step_id=step_id, iteration=iteration,
-                           output=output)
-
-    def compensation_failed(self, step_id: str, iteration: int, error_type: str,
-                            message: str) -> None:
-        """Record a failed compensation."""
-        self.trigger_event(self.CompensationFailed, step_id=step_id, iteration=iteration,
-                           error_type=error_type, message=message)
-
-    def finish(self, status: str, outputs: Any = None, error: dict[str, Any] | None = None,
-               failed_step: str | None = None, actor: str | None = None) -> None:
-        """Record the run's outcome: completed, failed, compensated or cancelled."""
-        if status == "completed":
-            self.trigger_event(self.RunCompleted, outputs=outputs)
-        elif status == "cancelled":
-            self.cancel(actor or "unknown", (error or {}).get("message"))
-        else:
-            cls = self.RunCompensated if status == "compensated" else self.RunFailed
-            self.trigger_event(cls, error=error or {}, failed_step=failed_step, outputs=outputs)
-
-    def wait(self, step_id: str, iteration: int, until: str | None,
-             signal: str | None) -> None:
-        """Record that a started step waits for a time, a signal, or both."""
-        self.trigger_event(self.StepWaiting, step_id=step_id, iteration=iteration, until=until,
-                           signal=signal)
-
-    def receive_signal(self, name: str, data: Any, actor: str) -> None:
-        """Record a signal sent to the run."""
-        self.trigger_event(self.SignalReceived, name=name, data=data, actor=actor)
-
-    def pause(self, actor: str, reason: str | None = None) -> None:
-        """Record that no new step may start."""
-        self.trigger_event(self.RunPaused, actor=actor, reason=reason)
-
-    def unpause(self, actor: str) -> None:
-        """Record that the run may go on."""
-        self.trigger_event(self.RunUnpaused, actor=actor)
-
-    def cancel(self, actor: str, reason: str | None = None) -> None:
-        """Record that the run was cancelled."""
-        self.trigger_event(self.RunCancelled, actor=actor, reason=reason)

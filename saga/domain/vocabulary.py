@@ -28,7 +28,7 @@ EVENT_TYPES = (
     "HealStarted", "RemedyApplied", "ApprovalRequested", "ApprovalGranted",
     "ApprovalRejected", "CompensationStarted", "StepCompensated", "CompensationFailed",
     "RunRetried", "RunCompleted", "RunFailed", "RunCompensated", "RunCancelled",
-    "RunPaused", "RunUnpaused", "StepWaiting", "SignalReceived")
+    "RunPaused", "RunUnpaused", "StepWaiting", "SignalReceived", "RunTimedOut")
 
 
 TOPIC_PREFIX = "saga."

@@ -198,6 +198,16 @@ class Drive:
         in-process timers for those due soon; a wait due later holds no process."""
         launches: list[tuple[str, Any]] = []
         now = self.x.clock()
+        deadline = self.run.deadline
+        if deadline is not None and not self.run.timed_out and self.run.compensation is None:
+            left = (datetime.fromisoformat(deadline) - now).total_seconds()
+            if left <= 0:
+                self.run.time_out()
+                self._cut_short("RunTimeout", f"the run's deadline {deadline} passed")
+                return []
+            if left <= self.x.hold and "deadline" not in self.wakes:
+                self.wakes.add("deadline")
+                launches.append(("wake", ("deadline", left)))
         for key, wait in self.run.waits.items():
             if wait["until"] is None:
                 continue
@@ -209,6 +219,15 @@ class Drive:
                 self.wakes.add(key)
                 launches.append(("wake", (key, left)))
         return launches
+
+    def _cut_short(self, error_type: str, message: str) -> None:
+        """Cancel the attempts in flight and record each as failed for good."""
+        for task, (kind, step_id, iteration, number) in list(self.tasks.items()):
+            if kind != "step":
+                continue
+            task.cancel()
+            self.tasks.pop(task)
+            self.run.fail_step(step_id, iteration, number, error_type, message)
 
     def _end_wait(self, state: dict[str, Any], wait: dict[str, Any]) -> None:
         step_id, iteration, attempt = state["step_id"], state["iteration"], state["attempt"]

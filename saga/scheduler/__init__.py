@@ -55,8 +55,25 @@ _WORK = (StartStep, StartLoop, RunRemedy, CompensateStep, StartCompensation)
 
 def decide(plan: Plan, run: Run) -> list[Action]:
     """The actions that follow from the run's recorded state; empty when it must wait."""
+    if run.is_finished:
+        return []
+    if run.timed_out and run.compensation is None:
+        return _timed_out(plan, run)
     actions = graph.decide(plan, run) if isinstance(plan, GraphPlan) \
         else step_list.decide(plan, run)
     if run.paused:
         return [a for a in actions if not isinstance(a, _WORK)]
     return actions
+
+
+def _timed_out(plan: Plan, run: Run) -> list[Action]:
+    """A run past its deadline: once no attempt is in flight, undo what it did (or fail
+    when there is nothing to undo)."""
+    if any(s["status"] == "running" and not s.get("wait") and not is_loop_parent(plan, s)
+           for s in run.steps.values()):
+        return []
+    reason = f"the run's deadline {run.timed_out} passed"
+    order = compensation_order(plan, run)
+    if order:
+        return [StartCompensation(reason, order)]
+    return [FinishRun("failed", None, {"type": "RunTimeout", "message": reason})]

@@ -103,3 +103,30 @@ def test_a_long_retry_backoff_releases_the_worker(lite: Saga) -> None:
     time.sleep(max((due - datetime.now(UTC)).total_seconds(), 0))
     drain(lite)
     assert lite.get(run.run_id).status == "completed"
+
+
+def test_a_run_past_its_timeout_is_undone_wherever_it_waits(saga: Saga) -> None:
+    flow = {"name": "deadline", "timeout": "2.5s", "steps": [
+        {"id": "made", "tool": "echo", "parameters": {"x": 1},
+         "compensate": {"tool": "echo", "parameters": {"undo": "{{ output.x }}"}}},
+        {"id": "nap", "sleep": "1h"}]}
+    run = saga.submit(saga.load(flow))
+    drain(saga)  # `made` completes, the nap waits: the worker is released
+    assert saga.get(run.run_id).status == "waiting"
+    deadline = datetime.fromisoformat(saga.get(run.run_id).deadline or "")
+    time.sleep(max((deadline - datetime.now(UTC)).total_seconds(), 0))
+    drain(saga)
+    done = saga.get(run.run_id)
+    assert done.status == "compensated"
+    assert done.steps["made"]["status"] == "compensated"
+    assert "deadline" in done.error["message"]
+    assert "RunTimedOut" in [e["type"] for e in saga.history(run.run_id)]
+
+
+def test_a_timeout_cuts_an_attempt_in_flight_short(lite: Saga) -> None:
+    flow = {"name": "slow", "steps": [{"id": "s", "tool": "sleep",
+                                       "parameters": {"seconds": 30}}]}
+    run = lite.run(lite.load(flow), options={"timeout": 0.5})
+    assert run.status == "failed"
+    assert run.steps["s"]["error"]["type"] == "RunTimeout"
+    assert run.error["type"] == "RunTimeout"
