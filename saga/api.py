@@ -269,9 +269,10 @@ class Saga:
         _refuse_redacted(run)
         return self.drive(run, on_events=on_events)
 
-    def retry(self, run_id: str, *, actor: str | None = None,
-              on_events: EventHook | None = None) -> Run:
-        """Redrive a failed run from its failed steps, keeping completed work."""
+    def retry(self, run_id: str, *, actor: str | None = None, reason: str | None = None,
+              on_events: EventHook | None = None, drive: bool = True) -> Run:
+        """Redrive a failed run from its failed steps, keeping completed work (``drive``:
+        here and now; else a worker continues it)."""
         def record(run: Run) -> None:
             if run.status != "failed" or run.compensation is not None:
                 raise RunStateError(f"run {run_id} is {run.status}; only a failed run whose "
@@ -280,8 +281,10 @@ class Saga:
                     or (s["status"] == "skipped" and "upstream" in (s.get("reason") or ""))]
             plan = self.executor_plan(run)
             loops = [k for k in keys if is_loop_parent(plan, run.steps[k])]
-            run.retry(actor or self.settings.actor, [k for k in keys if k not in loops], loops)
-        return self._command(run_id, record, on_events)
+            run.retry(actor or self.settings.actor, [k for k in keys if k not in loops], loops,
+                      reason)
+        return self._command(run_id, record, on_events) if drive else \
+            self._append(run_id, record)
 
     def compensate(self, run_id: str, *, actor: str | None = None, reason: str | None = None,
                    on_events: EventHook | None = None) -> Run:
@@ -289,12 +292,12 @@ class Saga:
         return self._undo(run_id, actor, reason or "compensation requested", False, on_events)
 
     def cancel(self, run_id: str, *, actor: str | None = None, reason: str | None = None,
-               on_events: EventHook | None = None) -> Run:
+               on_events: EventHook | None = None, drive: bool = True) -> Run:
         """Cancel an unfinished run: undo its completed steps, then record RunCancelled."""
-        return self._undo(run_id, actor, reason or "cancelled", True, on_events)
+        return self._undo(run_id, actor, reason or "cancelled", True, on_events, drive)
 
     def _undo(self, run_id: str, actor: str | None, reason: str, cancel: bool,
-              on_events: EventHook | None) -> Run:
+              on_events: EventHook | None, drive: bool = True) -> Run:
         who = actor or self.settings.actor
 
         def record(run: Run) -> None:
@@ -304,9 +307,19 @@ class Saga:
                                              and run.status == "failed"):
                 raise RunStateError(f"run {run_id} is {run.status}; cannot "
                                     f"{'cancel' if cancel else 'compensate'} it")
-            order = compensation_order(self.executor().plan_for(run), run)
+            order = compensation_order(plan_of(run), run)
             run.start_compensation(f"{reason} (by {who})", order, who, cancel)
-        return self._command(run_id, record, on_events)
+        return self._command(run_id, record, on_events) if drive else \
+            self._append(run_id, record)
+
+    def select(self, *, statuses: tuple[str, ...], definition: str | None = None,
+               failed_step: str | None = None, since: str | None = None,
+               labels: Mapping[str, str] | None = None) -> list[str]:
+        """The ids of the runs a bulk command acts on (from the read model, caught up)."""
+        rows = [r for status in statuses for r in self.list_runs(
+            status, None, since, definition=definition, labels=labels)]
+        return [r["run_id"] for r in rows
+                if failed_step is None or r["failed_step"] == failed_step]
 
     def signal(self, run_id: str, name: str, data: Any = None, *,
                actor: str | None = None) -> Run:

@@ -52,6 +52,7 @@ class RunIndex:
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     position: int = 0
     runs: dict[str, _Followed] = field(default_factory=dict)
+    children: set[str] = field(default_factory=set)
 
     def refresh(self) -> None:
         """Read the log since the last refresh."""
@@ -59,6 +60,7 @@ class RunIndex:
             page = self.app.recorder.select_notifications(start=self.position + 1, limit=1000)
             for n in page:
                 if event_name(n.topic) == "RunStarted" and _has_parent(n.state):
+                    self.children.add(str(n.originator_id))
                     continue  # a child run is driven by its parent's step, never on its own
                 self._apply(str(n.originator_id), n.topic, n.state)
             if page:
@@ -70,6 +72,8 @@ class RunIndex:
         kind = event_name(topic)
         if kind == "RunStarted":
             self.runs[run_id] = _Followed(deadline=_deadline(_payload(state)))
+        elif kind in _REOPENING and run_id not in self.runs and run_id not in self.children:
+            self.runs[run_id] = _Followed(status="failed")  # a finished run taken up again
         run = self.runs.get(run_id)
         if run is None:
             return  # not a run this index follows (e.g. a child run)
@@ -119,6 +123,8 @@ class RunIndex:
             self.runs[run_id].nudged = False
 
 
+#: Events that take a finished run up again.
+_REOPENING = frozenset({"RunRetried", "CompensationStarted"})
 #: Events a driver records while it drives: they need no other driver's attention.
 _QUIET = frozenset({"StepStarted", "StepWaiting", "StepFailed", "StepCompleted",
                     "StepSkipped", "HealStarted", "RemedyApplied", "StepCompensated",

@@ -30,7 +30,7 @@ from saga.cli.render import (
 )
 from saga.composition import plan_of
 from saga.composition.definition import coerce_text, parse_text
-from saga.errors import DefinitionError, InputError, Problem
+from saga.errors import DefinitionError, InputError, Problem, SagaError
 
 
 @main.command()
@@ -184,17 +184,36 @@ def resume(run_id: str, tools: tuple[str, ...], as_json: bool) -> None:
 
 def _undo_command(name: str, doc: str) -> None:
     @main.command(name=name, help=doc)
-    @click.argument("run_id")
+    @click.argument("run_id", required=False)
     @click.option("--reason", help="Why (recorded).")
     @click.option("--actor", help="Who (default: SAGA_ACTOR or the OS user).")
+    @click.option("--definition", help="Every matching run of this composition (bulk).")
+    @click.option("--failed-step", help="Bulk: only runs that failed at this step.")
+    @click.option("--label", "label_pairs", multiple=True, metavar="KEY=VALUE",
+                  help="Bulk: only runs with this label (repeatable).")
+    @click.option("--since", help="Bulk: only runs started at or after this ISO time.")
+    @click.option("--dry-run", is_flag=True, help="Bulk: list the runs; change nothing.")
     @tools_option
     @json_option
-    def command(run_id: str, reason: str | None, actor: str | None, tools: tuple[str, ...],
-                as_json: bool) -> None:
+    def command(run_id: str | None, reason: str | None, actor: str | None,
+                definition: str | None, failed_step: str | None,
+                label_pairs: tuple[str, ...], since: str | None, dry_run: bool,
+                tools: tuple[str, ...], as_json: bool) -> None:
         saga = _saga(tools)
+        bulk = definition or failed_step or label_pairs or since
+        if run_id is None and not bulk:
+            raise click.UsageError(f"give a RUN, or filters (--definition, --failed-step, "
+                                   f"--label, --since) to {name} many runs at once")
+        if run_id is not None and (bulk or dry_run):
+            raise click.UsageError("give a RUN or bulk filters, not both")
+        if run_id is None:
+            _bulk(saga, name, actor, reason, dry_run, as_json, definition=definition,
+                  failed_step=failed_step, labels=_labels(label_pairs), since=since)
+            return
         with _Progress(enabled=not as_json) as progress:
             if name == "retry":
-                result = saga.retry(run_id, actor=actor, on_events=progress.update)
+                result = saga.retry(run_id, actor=actor, reason=reason,
+                                    on_events=progress.update)
             else:
                 method = saga.cancel if name == "cancel" else saga.compensate
                 result = method(run_id, actor=actor, reason=reason, on_events=progress.update)
@@ -203,9 +222,44 @@ def _undo_command(name: str, doc: str) -> None:
         _finish(result, as_json, intended)
 
 
-_undo_command("retry", "Redrive a failed run from its failed steps, keeping completed work.")
+def _bulk(saga: Saga, name: str, actor: str | None, reason: str | None, dry_run: bool,
+          as_json: bool, **filters: Any) -> None:
+    """Retry or cancel every matching run: record the command on each; workers continue
+    them (the repair after a downstream outage)."""
+    if name == "compensate":
+        raise click.UsageError("compensate takes one RUN")
+    statuses = ("failed",) if name == "retry" else ("running", "waiting", "paused")
+    chosen = saga.select(statuses=statuses, **filters)
+    done, refused = [], []
+    for run_id in chosen:
+        if dry_run:
+            continue
+        try:
+            if name == "retry":
+                saga.retry(run_id, actor=actor, reason=reason, drive=False)
+            else:
+                saga.cancel(run_id, actor=actor, reason=reason, drive=False)
+            done.append(run_id)
+        except SagaError as e:  # one run in the wrong state must not stop the others
+            refused.append({"run_id": run_id, "error": str(e)})
+    if as_json:
+        _emit_json({"matched": chosen, "changed": done, "refused": refused,
+                    "dry_run": dry_run})
+        return
+    verb = {"retry": "retried", "cancel": "cancelled"}[name]
+    for run_id in chosen:
+        click.echo(run_id)
+    click.echo(f"{len(chosen)} runs matched; " + (
+        "nothing changed (dry run)" if dry_run else
+        f"{len(done)} {verb} (workers continue them), {len(refused)} refused"))
+
+
+_undo_command("retry", "Redrive a failed run from its failed steps, keeping completed work; "
+                       "or, with filters, every matching failed run. Example: saga retry "
+                       "--definition payments --failed-step charge --since 2026-11-01")
 _undo_command("compensate", "Undo a run's completed steps, in reverse completion order.")
-_undo_command("cancel", "Cancel an unfinished run: undo its completed steps, record who.")
+_undo_command("cancel", "Cancel an unfinished run: undo its completed steps, record who; or, "
+                        "with filters, every matching unfinished run.")
 
 
 @main.command()

@@ -93,11 +93,12 @@ class RunCommands:
         self.trigger_event(self.CompensationStarted, reason=reason, steps=steps, actor=actor,
                            requested=actor is not None, cancel=cancel)
 
-    def retry(self, actor: str, steps: list[str], reopened: list[str] | None = None) -> None:
+    def retry(self, actor: str, steps: list[str], reopened: list[str] | None = None,
+              reason: str | None = None) -> None:
         """Record a redrive of the given failed (and upstream-skipped) steps, reopening the
         loop steps whose iterations those are."""
         self.trigger_event(self.RunRetried, actor=actor, steps=steps,
-                           reopened=list(reopened or []))
+                           reopened=list(reopened or []), reason=reason)
 
     def compensated(self, step_id: str, iteration: int, output: Any) -> None:
         """Record a successful compensation."""

@@ -414,6 +414,7 @@ class Run(RunCommands, Aggregate):
         actor: str
         steps: list[str]
         reopened: list[str] = dataclasses.field(default_factory=list)
+        reason: str | None = None
 
         def apply(self, aggregate: Any) -> None:
             for key in self.reopened:  # a loop step whose failed iterations get retried

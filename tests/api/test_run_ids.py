@@ -90,3 +90,45 @@ def test_cli_run_id_workflow_id_and_conflict_exit_code(tmp_path: Path,
     assert [r["run_id"] for r in json.loads(listed.output)] == ["ORDER-9"]
     assert saga("status", "ORDER-9").exit_code == 0
     assert saga("run", str(flow), "--validate-only", "-i", "amount=3").exit_code == 0
+
+
+def test_bulk_retry_and_cancel_by_filters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    flaky = tmp_path / "pay.json"
+    flaky.write_text(json.dumps({"name": "payments", "steps": [
+        {"id": "charge", "tool": "fail", "parameters": {"times": 1, "retryable": False}},
+        {"id": "notify", "tool": "noop"}]}), encoding="utf-8")
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"name": "payments", "steps": [
+        {"id": "lookup", "tool": "fail", "parameters": {"retryable": False}}]}),
+        encoding="utf-8")
+    waits = tmp_path / "waits.json"
+    waits.write_text(json.dumps({"name": "waiter", "steps": [{"id": "w", "signal": "x"}]}),
+                     encoding="utf-8")
+    env = {"SAGA_HOME": str(tmp_path / ".saga"), "SAGA_ACTOR": "ops"}
+    runner = CliRunner()
+
+    def saga(*args: str) -> Any:
+        return runner.invoke(main, list(args), env=env)
+
+    failed = [json.loads(saga("run", str(flaky), "--json").output)["run_id"] for _ in range(3)]
+    saga("run", str(other), "--json")
+    waiting = json.loads(saga("run", str(waits), "--json").output)["run_id"]
+    preview = saga("retry", "--definition", "payments", "--failed-step", "charge",
+                   "--dry-run", "--json")
+    assert preview.exit_code == 0, preview.output
+    assert sorted(json.loads(preview.output)["matched"]) == sorted(failed)
+    assert json.loads(preview.output)["changed"] == []
+    done = saga("retry", "--definition", "payments", "--failed-step", "charge",
+                "--reason", "PSP outage over", "--json")
+    assert sorted(json.loads(done.output)["changed"]) == sorted(failed)
+    assert saga("worker", "--until-idle", "--poll", "0.05").exit_code == 0
+    statuses = {r["run_id"]: r["status"] for r in json.loads(saga("list", "--json").output)}
+    assert all(statuses[r] == "completed" for r in failed)
+    history = json.loads(saga("history", failed[0], "--json").output)
+    retried = [e for e in history if e["type"] == "RunRetried"]
+    assert [(e["payload"]["reason"], e["payload"]["actor"]) for e in retried] == [
+        ("PSP outage over", "ops")]
+    cancelled = saga("cancel", "--definition", "waiter", "--json")
+    assert json.loads(cancelled.output)["changed"] == [waiting]
+    assert saga("retry").exit_code == 2
