@@ -40,6 +40,7 @@ from saga.executor import EventHook, Executor
 from saga.projection import Projection
 from saga.replay import Divergence
 from saga.scheduler import compensation_order, is_loop_parent
+from saga.schedules import Schedules, from_config
 from saga.store import (
     Database,
     Leases,
@@ -68,6 +69,7 @@ class Saga:
         self._leases: Leases | None = None
         self._projection: Projection | None = None
         self._cache: ToolCache | None = None
+        self._schedules: Schedules | None = None
         self.worker = worker or default_worker_id()
 
     def __enter__(self) -> Saga:
@@ -106,7 +108,7 @@ class Saga:
             self._projection = None
         if self._db is not None:
             self._db.close()
-            self._db, self._leases, self._cache = None, None, None
+            self._db, self._leases, self._cache, self._schedules = None, None, None, None
         if self._app is not None:
             self._app.close()
             self._app = None
@@ -119,6 +121,43 @@ class Saga:
         return Executor(self.app, self.registry, worker=worker or self.worker,
                         on_events=on_events, cache=self.cache,
                         hold=self.settings.hold_seconds if hold is None else hold)
+
+    @property
+    def schedules(self) -> Schedules:
+        """The schedules of this store (``saga_schedules``)."""
+        if self._schedules is None:
+            self.leases  # noqa: B018 - opens the side connection the schedules share
+            assert self._db is not None
+            self._schedules = Schedules(self._db)
+        return self._schedules
+
+    def fire_schedules(self) -> list[str]:
+        """Start the runs of every due schedule time (what workers do each time they look
+        for work); the run ids started (or found already started)."""
+        def start(definition: dict[str, Any], inputs: dict[str, Any], run_id: str,
+                  scheduled_at: str) -> Run:
+            plan = composition.compile_any(definition, tools=self.registry.tools())
+            return self.submit(plan, inputs, run_id=run_id, actor="schedule:" +
+                               run_id.split("@", 1)[0], context={"scheduled_at": scheduled_at})
+        return self.schedules.fire_due(start)
+
+    def sync_schedules(self) -> None:
+        """Add or change the schedules saga.toml declares (``[schedules.NAME]``)."""
+        for name, table in from_config(self.settings.file).items():
+            source = str(table.get("file", ""))
+            definition = self.load(source).record()
+            current = self.schedules.get(name, missing_ok=True)
+            wanted = (source, definition, dict(table.get("inputs") or {}), table.get("cron"),
+                      table.get("timezone", "UTC"), table.get("catch_up", "skip"))
+            if current is not None and (current.source, current.definition, current.inputs,
+                                        current.cron, current.timezone,
+                                        current.catch_up) == wanted \
+                    and current.every_seconds == (parse_duration(table["every"])
+                                                  if table.get("every") else None):
+                continue
+            self.schedules.add(name, source, definition, wanted[2], cron=wanted[3],
+                               every=table.get("every"), timezone=wanted[4],
+                               catch_up=wanted[5], replace=True)
 
     @property
     def cache(self) -> ToolCache:
@@ -136,8 +175,10 @@ class Saga:
 
     def start(self, plan: Plan | str | Path, inputs: Mapping[str, Any] | None = None, *,
               actor: str | None = None, labels: Mapping[str, str] | None = None,
-              options: Mapping[str, Any] | None = None, run_id: str | None = None) -> Run:
+              options: Mapping[str, Any] | None = None, run_id: str | None = None,
+              context: Mapping[str, Any] | None = None) -> Run:
         """Check inputs and create a run (not yet saved); see :meth:`run` and :meth:`submit`.
+        ``context`` adds to what the run records as its context (``scheduled_at``...).
 
         ``run_id``: the caller's name for the run (``ORDER-42``). Starting a name that
         exists with the same definition and inputs returns that run, already saved (its
@@ -154,11 +195,12 @@ class Saga:
             if not seconds:
                 raise InputError([Problem("timeout", f"{timeout!r} is not a duration")])
             options["timeout"] = seconds
-        context: dict[str, Any] = {"actor": actor or self.settings.actor,
-                                   "labels": check_labels(labels or {}),
-                                   "mode": (options or {}).get("mode", "normal")}
+        recorded_context: dict[str, Any] = {**dict(context or {}),
+                                            "actor": actor or self.settings.actor,
+                                            "labels": check_labels(labels or {}),
+                                            "mode": (options or {}).get("mode", "normal")}
         if run_id is not None:
-            context["run_id"] = check_run_id(run_id)
+            recorded_context["run_id"] = check_run_id(run_id)
         hidden = {spec.name: str(resolved[spec.name]) for spec in plan.definition.inputs
                   if spec.secret and resolved.get(spec.name) is not None}
         recorded = {k: secrets.marker(k) if k in hidden else v for k, v in resolved.items()}
@@ -166,7 +208,7 @@ class Saga:
             existing = self._existing(run_id, plan, recorded)
             if existing is not None:
                 return existing
-        run = self.app.start(plan, recorded, context, options, run_id=run_id)
+        run = self.app.start(plan, recorded, recorded_context, options, run_id=run_id)
         secrets.remember(run.run_id, hidden)
         return run
 
@@ -419,7 +461,8 @@ class Saga:
     def worker_loop(self, **kwargs: Any) -> Worker:
         """A worker over this store (see :class:`saga.worker.Worker`)."""
         return Worker(self.app, self.leases,
-                      lambda worker: self.executor(worker=worker, hold=WORKER_HOLD), **kwargs)
+                      lambda worker: self.executor(worker=worker, hold=WORKER_HOLD),
+                      tick=self.fire_schedules, **kwargs)
 
     def get(self, run_id: str, version: int | None = None) -> Run:
         """The run as recorded."""

@@ -162,8 +162,10 @@ class Worker:
     def __init__(self, app: SagaApplication, leases: Leases,
                  executor: Callable[[str], Executor], *, worker_id: str | None = None,
                  lease_seconds: float = 30.0, concurrency: int = 4,
-                 poll_interval: float = 0.5) -> None:
-        """``executor(worker_id)`` makes the executor a drive uses (closed after it)."""
+                 poll_interval: float = 0.5, tick: Callable[[], Any] | None = None) -> None:
+        """``executor(worker_id)`` makes the executor a drive uses (closed after it);
+        ``tick()`` runs each time the worker looks for work (firing due schedules)."""
+        self.tick = tick
         self.app = app
         self.leases = leases
         self.make_executor = executor
@@ -183,6 +185,11 @@ class Worker:
         leases = self.leases
         active: dict[str, asyncio.Task[None]] = {}
         while not stop():
+            if self.tick is not None:
+                try:
+                    self.tick()
+                except Exception:  # a broken schedule must not stop the worker's runs
+                    log.exception("firing due schedules failed")
             self.index.refresh()
             for run_id, task in list(active.items()):
                 if task.done():

@@ -20,7 +20,7 @@ STAGES: list[set[str]] = [
     {"saga.cli", "saga.server", "saga.__main__", "saga"},
     {"saga.report"},
     {"saga.api"},
-    {"saga.worker"},
+    {"saga.worker", "saga.schedules"},
     {"saga.executor", "saga.replay"},
     {"saga.scheduler", "saga.audit", "saga.projection"},
     {"saga.tools", "saga.composition", "saga.store", "saga.diagram"},

@@ -1,4 +1,5 @@
-"""Commands that run the service's parts: ``worker``, ``projection``, ``db init``."""
+"""Commands that run the service's parts: ``worker``, ``schedule``, ``projection``,
+``db init``."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import signal
 import click
 
 from saga.cli.app import (
+    _emit_json,
     _saga,
+    json_option,
     main,
     tools_option,
 )
+from saga.cli.runs import _parse_inputs
 
 
 @main.command()
@@ -30,6 +34,7 @@ def worker(concurrency: int, until_idle: bool, worker_id: str | None,
 
 
     saga = _saga(tools)
+    saga.sync_schedules()
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     w = saga.worker_loop(worker_id=worker_id, concurrency=concurrency, poll_interval=poll,
@@ -85,3 +90,79 @@ def db_init() -> None:
     saga.leases  # noqa: B018 - creating the store and its side tables is the point
     saga.projection.create_tables()
     click.echo(f"initialised {saga.settings.store_description}")
+
+
+@main.group()
+def schedule() -> None:
+    """Compositions started on a cron expression or every N seconds, fired by workers.
+
+    \b
+    Example:
+      saga schedule add nightly backup.yaml --cron "0 2 * * *" --timezone Europe/Paris
+      saga schedule add ping quickstart --every 30s
+    """
+
+
+@schedule.command(name="add")
+@click.argument("name")
+@click.argument("file")
+@click.option("--cron", help="A cron expression, e.g. '*/5 * * * *'.")
+@click.option("--every", help="An interval, e.g. 30s, 5m, 2h.")
+@click.option("--input", "-i", "pairs", multiple=True, metavar="KEY=VALUE",
+              help="An input of every run it starts (repeatable).")
+@click.option("--timezone", default="UTC", show_default=True, help="The cron's time zone.")
+@click.option("--catch-up", type=click.Choice(["skip", "all"]), default="skip",
+              show_default=True, help="Missed times (no worker ran): the latest, or all.")
+@click.option("--replace", is_flag=True, help="Change a schedule of this name.")
+@tools_option
+@json_option
+def schedule_add(name: str, file: str, cron: str | None, every: str | None,
+                 pairs: tuple[str, ...], timezone: str, catch_up: str, replace: bool,
+                 tools: tuple[str, ...], as_json: bool) -> None:
+    """Add a schedule NAME that starts FILE (a file or a template's name)."""
+    saga = _saga(tools)
+    plan = saga.load(file)
+    inputs = _parse_inputs(pairs, None, {s.name: s for s in plan.definition.inputs})
+    saga.start(plan, inputs)  # the inputs must start a run, checked now, not at 2 am
+    added = saga.schedules.add(name, file, plan.record(), inputs, cron=cron, every=every,
+                               timezone=timezone, catch_up=catch_up, replace=replace)
+    if as_json:
+        _emit_json(added.to_json())
+    else:
+        click.echo(f"schedule {name}: next run at {added.next_due}")
+
+
+@schedule.command(name="list")
+@json_option
+def schedule_list(as_json: bool) -> None:
+    """List the schedules and when each fires next."""
+    rows = [s.to_json() for s in _saga().schedules.list()]
+    if as_json:
+        _emit_json(rows)
+        return
+    if not rows:
+        click.echo("no schedules")
+        return
+    click.echo(f"{'NAME':<20} {'WHEN':<22} {'NEXT':<34} STATE")
+    for r in rows:
+        when = r["cron"] or f"every {r['every_seconds']:g}s"
+        click.echo(f"{r['name']:<20} {when:<22} {r['next_due']:<34} "
+                   f"{'paused' if r['paused'] else 'active'}")
+
+
+def _schedule_command(name: str, doc: str) -> None:
+    @schedule.command(name=name, help=doc)
+    @click.argument("schedule_name")
+    def command(schedule_name: str) -> None:
+        schedules = _saga().schedules
+        if name == "remove":
+            schedules.remove(schedule_name)
+            click.echo(f"schedule {schedule_name} removed")
+        else:
+            changed = schedules.set_paused(schedule_name, name == "pause")
+            click.echo(f"schedule {schedule_name} {name}d; next run at {changed.next_due}")
+
+
+_schedule_command("remove", "Remove a schedule (the runs it started are kept).")
+_schedule_command("pause", "Stop a schedule firing until it is resumed.")
+_schedule_command("resume", "Let a paused schedule fire again (missed times are skipped).")
