@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,26 @@ def test_the_graph_form_example(tmp_path: Path) -> None:
               "input=login fails", "--json"], ROOT, **env)
     assert ran.returncode == 0, ran.stderr
     assert json.loads(ran.stdout)["status"] == "completed"
+
+
+def test_production_controls_as_the_readme_shows(workdir: Path) -> None:
+    """order.yaml: a 3 s sleep, then a signal; the commands of the README in order."""
+    assert sh(["submit", "order.yaml", "--id", "ORDER-7"], workdir).returncode == 0
+    assert sh(["worker", "--until-idle", "--poll", "0.05"], workdir).returncode == 0
+    status = json.loads(sh(["status", "ORDER-7", "--json"], workdir).stdout)
+    assert status["status"] == "waiting"
+    time.sleep(3)
+    sh(["worker", "--until-idle", "--poll", "0.05"], workdir)
+    assert json.loads(sh(["status", "ORDER-7", "--json"], workdir).stdout)["steps"][
+        "cool_off"]["status"] == "completed"
+    sent = sh(["signal", "ORDER-7", "go", "--data", '{"amount": 42}'], workdir)
+    assert sent.returncode == 0, sent.stderr
+    sh(["worker", "--until-idle", "--poll", "0.05"], workdir)
+    done = json.loads(sh(["status", "ORDER-7", "--json"], workdir).stdout)
+    assert done["status"] == "completed"
+    assert done["outputs"]["pay"] == {"amount": 42}
+    again = sh(["run", "quickstart", "--id", "ORDER-42", "--json"], workdir)
+    same = sh(["run", "quickstart", "--id", "ORDER-42", "--json"], workdir)
+    assert json.loads(again.stdout)["run_id"] == json.loads(same.stdout)["run_id"] == "ORDER-42"
+    assert sh(["run", "quickstart", "--id", "ORDER-42", "-i", "fail_at=ship"],
+              workdir).returncode == 6
