@@ -630,7 +630,8 @@ def run_summary(run: Run, steps: bool = True) -> dict[str, Any]:
         out["inputs"] = run.inputs
         out["steps"] = {
             key: {k: s.get(k) for k in ("status", "attempt", "duration_ms", "output", "error",
-                                        "reason") if s.get(k) is not None}
+                                        "reason", "compensation_error")
+                  if s.get(k) is not None}
             for key, s in run.steps.items()
         }
         for step_id, approval in run.approvals.items():

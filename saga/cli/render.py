@@ -82,11 +82,23 @@ def _print_summary(summary: dict[str, Any]) -> None:
         if s.get("approval", {}).get("status") == "requested":
             detail = f"waiting for approval: {s['approval']['message']}"
         st = s.get("status", "")
-        table.add_row(key, f"[{_STATUS_STYLE.get(st, '')}]{st}[/]", str(s.get("attempt", "")),
+        style = _STATUS_STYLE.get(st, "")
+        if s.get("compensation_error"):  # its effect is still there: say so
+            st, style = f"{st}, compensation failed", "red"
+            detail = f"NOT UNDONE: {s['compensation_error'].get('message', '')}"
+        table.add_row(key, f"[{style}]{st}[/]" if style else st, str(s.get("attempt", "")),
                       str(s.get("duration_ms", "") or ""), str(detail))
     console.print(table)
     if summary.get("error"):
         console.print(f"error: {summary['error'].get('message', summary['error'])}")
+    broken = (summary.get("error") or {}).get("compensation_failed")
+    if broken:
+        console.print(f"[red]compensation failed for {', '.join(broken)}: their effects were "
+                      "NOT undone[/]")
+    degraded = (summary.get("outputs") or {}).get("_layers", {}).get("degraded") \
+        if isinstance(summary.get("outputs"), dict) else False
+    if degraded:
+        console.print("[yellow]degraded: an enhancement-layer step failed[/]")
     if summary.get("outputs") is not None and summary["status"] == "completed":
         console.print("outputs: " + json.dumps(summary["outputs"], default=str,
                                                ensure_ascii=False))

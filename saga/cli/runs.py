@@ -47,15 +47,18 @@ def validate(file: str, tools: tuple[str, ...], as_json: bool) -> None:
             raise
         _emit_json({"valid": False, "problems": [p.to_json() for p in e.problems]})
         sys.exit(e.exit_code)
-    levels, critical = plan.levels(), plan.critical_path()
+    levels, critical, undo = plan.levels(), plan.critical_path(), plan.rollback_plan()
     if as_json:
         _emit_json({"valid": True, "name": plan.definition.name, "levels": levels,
-                    "critical_path": critical, "steps": len(plan.order)})
+                    "critical_path": critical, "steps": len(plan.order), "rollback": undo})
         return
     click.echo(f"{file}: valid ({len(plan.order)} steps)")
     for i, level in enumerate(levels, 1):
         click.echo(f"  level {i}: {', '.join(level)}")
     click.echo(f"  critical path: {' -> '.join(critical)}")
+    click.echo("  on rollback, in reverse completion order:")
+    for step_id, how in undo.items():
+        click.echo(f"    {step_id}: {'undone by ' + how if how else 'not undone'}")
 
 
 def _parse_inputs(pairs: tuple[str, ...], inputs_file: str | None,

@@ -20,7 +20,7 @@ import networkx as nx
 from pydantic import ValidationError
 
 from saga import expressions
-from saga.composition.definition import Definition, Step, build
+from saga.composition.definition import Definition, Step, ToolCall, build
 from saga.errors import DefinitionError, ExpressionError, Problem
 
 #: Names every expression may use besides step outputs.
@@ -72,6 +72,21 @@ class Plan:
         """Every step this one transitively depends on."""
         return nx.ancestors(self.graph, step_id)
 
+    def rollback_plan(self) -> dict[str, str | None]:
+        """How each step is undone on rollback, by step id (None: it is not)."""
+        plan: dict[str, str | None] = {}
+        for step in self.definition.steps:
+            call = step.compensation
+            if call is None:
+                plan[step.id] = None
+            elif step.use is not None and call.tool is None:
+                plan[step.id] = "the child run's own compensations"
+            elif call.tool is None:
+                plan[step.id] = f"tool {step.tool}'s own compensation"
+            else:
+                plan[step.id] = f"tool {call.tool}"
+        return plan
+
     def levels(self) -> list[list[str]]:
         """Groups of steps that can run at the same time, in order."""
         return [sorted(gen, key=self.order.index) for gen in nx.topological_generations(self.graph)]
@@ -118,9 +133,30 @@ def compile_plan(data: dict[str, Any] | Definition, *,
     if problems or definition is None:
         raise DefinitionError(problems, source)
     order = tuple(nx.lexicographical_topological_sort(graph, key=_index_key(raw_steps)))
+    definition = _own_compensations(definition, tools)
     for step in definition.steps:
         graph.nodes[step.id]["step"] = step
     return Plan(definition, graph, order)
+
+
+def _own_compensations(definition: Definition, tools: Any) -> Definition:
+    """A tool step that says nothing about compensation is undone by its tool's own
+    compensation, when the tool has one (seed 001: "rollback actions are tool-specific");
+    ``compensate: false`` opts out. Written into the definition, so the recorded run says
+    how each step is undone and replay never needs the tools to know it."""
+    if not isinstance(tools, Mapping):
+        return definition
+    def undoes(step: Step) -> bool:
+        tool = tools.get(step.tool) if step.tool is not None else None
+        can_undo = getattr(tool, "can_undo", None)
+        return "compensate" not in step.model_fields_set and callable(can_undo) \
+            and bool(can_undo(step.parameters))
+
+    steps = [step.model_copy(update={"compensate": ToolCall()}) if undoes(step) else step
+             for step in definition.steps]
+    if all(a is b for a, b in zip(steps, definition.steps, strict=True)):
+        return definition
+    return definition.model_copy(update={"steps": steps})
 
 
 RawSteps = list[tuple[int, dict[str, Any]]]

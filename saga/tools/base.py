@@ -72,6 +72,10 @@ class Tool:
         params: the parameter schema (JSON-schema-like dict), or None for "anything".
         check: extra checks ``check(params) -> list[str]`` for rules a schema cannot say
             (e.g. "exactly one of a, b"); called only when the schema found nothing.
+        undoes: ``undoes(params) -> bool``: whether the tool's own compensation can undo
+            a call with these parameters (a shell call only with ``undo_argv``); None: any
+            call it has a compensation for. A step whose call it can undo is undone by it
+            on rollback unless the step says ``compensate: false``.
     """
 
     name: str
@@ -81,6 +85,11 @@ class Tool:
     source: str = "python"
     params: ParamSchema | None = field(default=None, hash=False)
     check: Callable[[dict[str, Any]], list[str]] | None = None
+    undoes: Callable[[dict[str, Any]], bool] | None = None
+
+    def can_undo(self, params: dict[str, Any]) -> bool:
+        """Whether the tool's own compensation undoes a call with these parameters."""
+        return self.compensate is not None and (self.undoes is None or self.undoes(params))
 
     @property
     def is_async(self) -> bool:

@@ -8,7 +8,8 @@ built from saga.toml by :func:`builtin_tools`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from saga.errors import ToolError
@@ -56,4 +57,15 @@ def builtin_tools(config: Mapping[str, Any] | None = None) -> list[Tool]:
     from saga.tools import file, git, http, shell, sql  # http loads httpx: only when asked
 
     config = config or {}
-    return [*TOOLS, *(module.make_tool(config) for module in (shell, http, sql, file, git))]
+    made = [module.make_tool(config) for module in (shell, http, sql, file, git)]
+    return [*TOOLS, *(replace(t, undoes=_UNDO_KEYS[t.name]) if t.name in _UNDO_KEYS else t
+                      for t in made)]
+
+
+def _has(key: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda params: key in params
+
+
+#: The built-ins whose own compensation undoes only the calls that say how.
+_UNDO_KEYS = {"shell": _has("undo_argv"), "http": _has("undo"), "sql": _has("undo_statement"),
+              "git": lambda params: params.get("action") != "status"}  # status changes nothing

@@ -61,7 +61,8 @@ steps:
     assert result["steps"]["shaky"]["attempt"] == 2
     history = json.loads(saga(["history", run_id, "--json"], tmp_path).stdout)
     retry_event = next(e for e in history if e["type"] == "RunRetried")
-    assert retry_event["payload"] == {"actor": "ops", "steps": ["shaky"], "reopened": []}
+    assert retry_event["payload"] == {"actor": "ops", "steps": ["shaky"], "reopened": [],
+                                      "reason": None}
     made = [e for e in history if e["type"] == "StepStarted" and e["step_id"] == "made"]
     assert len(made) == 1  # completed work was kept
     assert saga(["replay", run_id, "--verify"], tmp_path).returncode == 0
