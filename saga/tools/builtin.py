@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from saga.errors import ToolError
+from saga.tools import file, git, http, shell, sql
 from saga.tools.base import Tool, ToolContext
 
 
@@ -54,8 +55,6 @@ TOOLS = [
 
 def builtin_tools(config: Mapping[str, Any] | None = None) -> list[Tool]:
     """Every built-in tool, configured from saga.toml data (``Settings.file``)."""
-    from saga.tools import file, git, http, shell, sql  # http loads httpx: only when asked
-
     config = config or {}
     made = [module.make_tool(config) for module in (shell, http, sql, file, git)]
     return [*TOOLS, *(replace(t, undoes=_UNDO_KEYS[t.name]) if t.name in _UNDO_KEYS else t

@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from saga.errors import ToolError
 from saga.tools.base import Tool, ToolContext
 from saga.tools.schema import is_template
+
+if TYPE_CHECKING:
+    import httpx
 
 _REQUEST: dict[str, Any] = {
     "method": {"type": "string"},
@@ -97,6 +98,8 @@ async def request(spec: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]:
         kwargs["content"] = str(spec["body"]).encode()
     timeout = float(spec.get("timeout") or 30)
     url = str(spec.get("url") or "")
+    import httpx  # a network client: loaded when a step first calls it, not with saga
+
     try:
         async with httpx.AsyncClient(timeout=timeout,
                                      follow_redirects=spec.get("follow_redirects", True)) as c:
