@@ -4,7 +4,7 @@ The public API: :class:`Saga` to load, run and inspect compositions; :func:`tool
 register Python functions as tools; the error hierarchy rooted in :class:`SagaError`.
 """
 
-from saga.api import Saga, run_summary
+from saga.api import Saga
 from saga.errors import (
     ConcurrentWriteError,
     ConfigError,
@@ -20,6 +20,7 @@ from saga.errors import (
     UnknownToolError,
 )
 from saga.tools import Tool, ToolContext, tool
+from saga.views import run_summary
 
 __all__ = [
     "ConcurrentWriteError",

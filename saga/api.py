@@ -11,13 +11,12 @@ Everything the CLI does goes through :class:`Saga`, so a program can do it too::
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 from saga import composition, expressions, replay, secrets
 from saga.audit import REDACTED
@@ -25,7 +24,7 @@ from saga.chain import json_safe
 from saga.composition import Plan, plan_of
 from saga.composition.definition import parse_duration, resolve_inputs
 from saga.config import Settings, load_settings
-from saga.domain import Run, RunStatus
+from saga.domain import Run, check_labels, check_run_id
 from saga.errors import (
     ConcurrentWriteError,
     ExpressionError,
@@ -51,6 +50,7 @@ from saga.store import (
     wait_for_lease,
 )
 from saga.tools import Registry, load_registry
+from saga.views import row_summary, run_summary
 from saga.worker import WORKER_HOLD, Worker
 
 log = logging.getLogger("saga")
@@ -517,7 +517,7 @@ class Saga:
         rows = self.projection.runs(status=status, limit=limit or None, since=since,
                                     definition=definition, actor=actor, labels=wanted,
                                     until=until)
-        runs = [_row_summary(row) for row in rows]
+        runs = [row_summary(row) for row in rows]
         return [r for r in runs if all(r["labels"].get(k) == v for k, v in wanted.items())]
 
     def lag(self) -> int:
@@ -547,31 +547,6 @@ class Saga:
 
 
 _SIGNAL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,99}$")
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,199}$")
-_LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
-
-
-def check_run_id(run_id: str) -> str:
-    """A run id a caller chose: 1-200 letters, digits and ``._:@/+-``, starting with a
-    letter or digit (it is shown, typed and used in file names and URLs)."""
-    if not isinstance(run_id, str) or not _RUN_ID.match(run_id):
-        raise InputError([Problem("--id", f"{str(run_id)[:80]!r} is not a run id: use 1-200 "
-                                          "letters, digits and ._:@/+- (starting with a "
-                                          "letter or digit)")])
-    return run_id
-
-
-def check_labels(labels: Mapping[str, Any]) -> dict[str, str]:
-    """Labels as recorded: short keys, text values."""
-    problems = [Problem(f"--label {k}", "a label key is 1-63 letters, digits and ._/-")
-                for k in labels if not isinstance(k, str) or not _LABEL_KEY.match(k)]
-    problems += [Problem(f"--label {k}", "a label value is at most 200 characters, no NUL")
-                 for k, v in labels.items() if len(str(v)) > 200 or "\x00" in str(v)]
-    if problems:
-        raise InputError(problems)
-    return {k: str(v) for k, v in labels.items()}
-
-
 def _secret_inputs(plan: Plan) -> set[str]:
     return {spec.name for spec in plan.definition.inputs if spec.secret}
 
@@ -584,56 +559,3 @@ def _refuse_redacted(run: Run) -> None:
                             "be resumed, retried, compensated or cancelled")
 
 
-def _row_summary(row: dict[str, Any]) -> dict[str, Any]:
-    """A read-model row in the shape of :func:`run_summary` (without steps)."""
-    error = json.loads(row["error"]) if row.get("error") else None
-    return {"run_id": row.get("run_name") or row["run_id"], "name": row["definition_name"],
-            "version": row["version"], "labels": json.loads(row.get("labels") or "{}"),
-            "status": row["status"], "actor": row["actor"],
-            "definition_hash": row["definition_hash"], "started_at": row["started_at"],
-            "finished_at": row["finished_at"], "duration_ms": row["duration_ms"],
-            "error": error, "failed_step": row["failed_step"]}
-
-
-class RunState(TypedDict, total=False):
-    """A run as a JSON object (:func:`run_summary`'s shape, without its steps)."""
-
-    run_id: str
-    name: str
-    status: RunStatus
-    actor: str | None
-    started_at: str
-    finished_at: str | None
-    outputs: Any
-    error: dict[str, Any] | None
-    failed_step: str | None
-
-
-def run_summary(run: Run, steps: bool = True) -> dict[str, Any]:
-    """A run as a JSON object: id, name, status, times, outputs, error, and its steps."""
-    out: dict[str, Any] = {
-        "run_id": run.run_id,
-        "name": run.name,
-        "version": run.version,
-        "status": run.status,
-        "actor": run.actor,
-        "definition_hash": run.definition_hash,
-        "started_at": run.started_at,
-        "finished_at": run.finished_at,
-        "outputs": run.outputs,
-        "error": run.error,
-        "failed_step": run.failed_step,
-    }
-    if run.pending_approvals:
-        out["waiting_for"] = run.pending_approvals
-    if steps:
-        out["inputs"] = run.inputs
-        out["steps"] = {
-            key: {k: s.get(k) for k in ("status", "attempt", "duration_ms", "output", "error",
-                                        "reason", "compensation_error")
-                  if s.get(k) is not None}
-            for key, s in run.steps.items()
-        }
-        for step_id, approval in run.approvals.items():
-            out["steps"].setdefault(step_id, {"status": "pending"})["approval"] = approval
-    return out

@@ -22,7 +22,7 @@ STAGES: list[set[str]] = [
     {"saga.api"},
     {"saga.worker", "saga.schedules"},
     {"saga.executor", "saga.replay"},
-    {"saga.scheduler", "saga.audit", "saga.projection"},
+    {"saga.scheduler", "saga.audit", "saga.projection", "saga.views"},
     {"saga.tools", "saga.composition", "saga.store", "saga.diagram"},
     {"saga.secrets", "saga.config", "saga.expressions", "saga.domain"},
     {"saga.errors", "saga.chain"},

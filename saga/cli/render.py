@@ -8,11 +8,11 @@ from typing import Any
 
 import click
 
-from saga.api import run_summary
 from saga.cli.app import (
     _emit_json,
 )
 from saga.domain import Run
+from saga.views import run_summary
 
 _STATUS_STYLE = {"completed": "green", "running": "cyan", "failed": "red", "skipped": "dim",
                  "compensated": "magenta", "compensating": "magenta", "waiting": "yellow",

@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from saga import diagram
-from saga.api import Saga, run_summary
+from saga.api import Saga
 from saga.cli.app import (
     _emit_json,
     _saga,
@@ -31,6 +31,7 @@ from saga.cli.render import (
 from saga.composition import plan_of
 from saga.composition.definition import coerce_text, parse_text
 from saga.errors import DefinitionError, InputError, Problem, SagaError
+from saga.views import run_summary
 
 
 @main.command()

@@ -3,9 +3,13 @@ ids every stage uses, and recorded-time arithmetic. Pure."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Literal, TypedDict, get_args
 from uuid import UUID, uuid5
+
+from saga.errors import InputError, Problem
 
 RunStatus = Literal["running", "waiting", "paused", "completed", "failed", "compensating",
                    "compensated", "cancelled"]
@@ -138,3 +142,28 @@ def ms_between(start: str | None, end: str) -> int | None:
         return None
     delta = datetime.fromisoformat(end) - datetime.fromisoformat(start)
     return round(delta.total_seconds() * 1000)
+
+
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,199}$")
+_LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
+
+
+def check_run_id(run_id: str) -> str:
+    """A run id a caller chose: 1-200 letters, digits and ``._:@/+-``, starting with a
+    letter or digit (it is shown, typed and used in file names and URLs)."""
+    if not isinstance(run_id, str) or not _RUN_ID.match(run_id):
+        raise InputError([Problem("--id", f"{str(run_id)[:80]!r} is not a run id: use 1-200 "
+                                          "letters, digits and ._:@/+- (starting with a "
+                                          "letter or digit)")])
+    return run_id
+
+
+def check_labels(labels: Mapping[str, Any]) -> dict[str, str]:
+    """Labels as recorded: short keys, text values."""
+    problems = [Problem(f"--label {k}", "a label key is 1-63 letters, digits and ._/-")
+                for k in labels if not isinstance(k, str) or not _LABEL_KEY.match(k)]
+    problems += [Problem(f"--label {k}", "a label value is at most 200 characters, no NUL")
+                 for k, v in labels.items() if len(str(v)) > 200 or "\x00" in str(v)]
+    if problems:
+        raise InputError(problems)
+    return {k: str(v) for k, v in labels.items()}

@@ -1,0 +1,129 @@
+"""Templates: ``{{ ... }}`` rendered by Jinja2's immutable sandbox, with strict undefined
+names, almost no globals, and size-checked ``*``/``**``/``%``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from functools import lru_cache
+from typing import Any
+
+from jinja2 import StrictUndefined, Template, nodes
+from jinja2.environment import TemplateExpression
+from jinja2.exceptions import SecurityError, TemplateError, TemplateSyntaxError
+from jinja2.runtime import Context
+from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
+
+from saga.errors import ExpressionError
+from saga.expressions.interpreter import (
+    _finalize,
+)
+from saga.expressions.limits import (
+    _PY_ERRORS,
+    _mod,
+    _mul,
+    _pow,
+    _Refusal,
+    _walk,
+)
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """The immutable sandbox, reading dict keys before attributes and checking sizes."""
+
+    intercepted_binops = frozenset({"*", "**", "%"})
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        if isinstance(obj, dict) and attribute in obj:
+            return obj[attribute]
+        return super().getattr(obj, attribute)
+
+    def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
+        return {"*": _mul, "**": _pow, "%": _mod}[operator](left, right)
+
+
+_ENV = _Sandbox(undefined=StrictUndefined, keep_trailing_newline=True, finalize=_finalize)
+_ENV.globals.clear()  # cycler, joiner, lipsum and namespace are not needed
+_ENV.globals.update(range=safe_range, dict=dict)
+_ENV.filters.update(
+    json=lambda value, indent=None: json.dumps(value, indent=indent, ensure_ascii=False),
+    fromjson=json.loads,
+)
+
+
+def _whole_template(text: str) -> bool:
+    text = text.strip()
+    return text.startswith("{{") and text.endswith("}}")
+
+
+@lru_cache(maxsize=1024)
+def _text_template(source: str) -> Template:
+    return _ENV.from_string(source)
+
+
+@lru_cache(maxsize=1024)
+def _native_expression(source: str) -> TemplateExpression | None:
+    """The compiled expression when ``source`` is exactly one ``{{ ... }}``, else None."""
+    text = source.strip()
+    if not _whole_template(text):
+        return None
+    body = _ENV.parse(text).body
+    if len(body) != 1 or not isinstance(body[0], nodes.Output) or len(body[0].nodes) != 1 \
+            or isinstance(body[0].nodes[0], nodes.TemplateData):
+        return None
+    inner = text[2:-2]
+    inner = inner[1:] if inner.startswith("-") else inner  # whitespace control: {{- x -}}
+    inner = inner[:-1] if inner.endswith("-") else inner
+    return _ENV.compile_expression(inner, undefined_to_none=False)
+
+
+@contextmanager
+def _template_errors(source: str) -> Iterator[None]:
+    """Turn every Jinja, sandbox and Python error into an ExpressionError naming the template."""
+    try:
+        yield
+    except TemplateSyntaxError as exc:
+        raise ExpressionError(f"invalid template {source!r}: {exc.message} (line {exc.lineno})",
+                              source) from None
+    except SecurityError as exc:
+        raise ExpressionError(f"refused by the sandbox: {str(exc).rstrip('.')} in template "
+                              f"{source!r}", source) from None
+    except (TemplateError, _Refusal) as exc:
+        raise ExpressionError(f"{str(exc).rstrip('.')} in template {source!r}", source) from None
+    except RecursionError:
+        raise ExpressionError(f"template {source!r} is nested too deeply", source) from None
+    except _PY_ERRORS as exc:
+        raise ExpressionError(f"{type(exc).__name__}: {exc} in template {source!r}",
+                              source) from None
+
+
+def _render_string(source: str, namespace: Mapping[str, Any]) -> Any:
+    with _template_errors(source):
+        expression = _native_expression(source)
+        if expression is None:
+            return _text_template(source).render(dict(namespace))
+        value = expression(dict(namespace))
+        _walk(value, plain=True)
+        return str(value) if isinstance(value, str) else value  # Markup -> str
+
+
+def _template_strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        if is_template(value):
+            yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _template_strings(key)
+            yield from _template_strings(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _template_strings(item)
+
+
+# -- public API -----------------------------------------------------------------------------
+
+
+def is_template(value: str) -> bool:
+    """Whether ``value`` is a string containing Jinja markers (``{{`` or ``{%``)."""
+    return isinstance(value, str) and ("{{" in value or "{%" in value)

@@ -1,0 +1,181 @@
+"""The sandbox's limits: how much an evaluation may compute and allocate, and the guarded
+operations that check a size before they allocate it."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from jinja2 import Undefined
+
+DEFAULT_MAX_STEPS = 1_000_000  # nodes a condition or compute block may visit
+
+
+_MAX_REPEAT = 1_000_000  # items/characters a `*` repetition may produce
+
+
+_MAX_SIZE = 10_000_000  # items/characters any other growing operation may produce
+
+
+_MAX_EXPONENT = _MAX_SHIFT = _MAX_WIDTH = 10_000  # WIDTH: numbers in an f-string format spec
+
+
+_MAX_INT_BITS = _MAX_RANGE = 100_000
+
+
+_PLAIN = (str, int, float, bool, type(None))
+
+
+_SEQUENCES = (str, list, tuple)
+
+
+_SCALARS = frozenset(_PLAIN)
+
+
+_PY_ERRORS = (ArithmeticError, LookupError, TypeError, ValueError, AttributeError, RuntimeError)
+
+
+class _Refusal(Exception):
+    """An operation the sandbox will not perform: too large, or not allowed."""
+
+
+def _limit(size: int, limit: int, what: str) -> None:
+    if size > limit:
+        raise _Refusal(f"{what} would be too large ({size} > {limit})")
+
+
+def _walk(value: Any, *, plain: bool = False) -> int:
+    """Count ``value`` and everything nested in it, refusing more than _MAX_REPEAT in all.
+
+    Shared references count each time they appear, which bounds the work ``str()``, JSON
+    and repetition would do on a structure that aliases one big list many times. With
+    ``plain``, also refuse anything but JSON-like data (functions, iterators, Undefined).
+    """
+    pending, count = [value], 1
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            children: Any = [*item.keys(), *item.values()]
+        elif isinstance(item, list | tuple | set | frozenset):
+            children = item
+        else:
+            if plain and isinstance(item, Undefined):
+                raise _Refusal(item._undefined_message.rstrip("."))
+            if plain and not isinstance(item, _PLAIN):
+                raise _Refusal(f"evaluated to a {type(item).__name__}, which is not plain data "
+                               "(wrap iterators in list(...))")
+            continue
+        count += len(children)
+        if count > _MAX_REPEAT:
+            raise _Refusal(f"value has more than {_MAX_REPEAT} nested items")
+        if not set(map(type, children)) <= _SCALARS:  # else nothing below needs a look
+            pending += [child for child in children if type(child) not in _SCALARS]
+    return count
+
+
+# -- size-checked operators, shared by the interpreter and the Jinja sandbox ---------------
+
+
+def _add(a: Any, b: Any) -> Any:
+    if isinstance(a, _SEQUENCES) and isinstance(b, _SEQUENCES):
+        _limit(len(a) + len(b), _MAX_SIZE, "concatenation")
+    return a + b
+
+
+def _mul(a: Any, b: Any) -> Any:
+    for seq, count in ((a, b), (b, a)):
+        if isinstance(seq, _SEQUENCES) and isinstance(count, int):
+            size = len(seq) if isinstance(seq, str) else _walk(seq) - 1
+            _limit(size * count, _MAX_REPEAT, "repetition")
+    if isinstance(a, int) and isinstance(b, int):
+        _limit(a.bit_length() + b.bit_length(), _MAX_INT_BITS, "integer product (bits)")
+    return a * b
+
+
+def _pow(a: Any, b: Any) -> Any:
+    if isinstance(b, int | float) and abs(b) > _MAX_EXPONENT:
+        raise _Refusal(f"exponent {b} is too large (limit {_MAX_EXPONENT})")
+    if isinstance(a, int) and isinstance(b, int) and b > 0:
+        _limit(a.bit_length() * b, _MAX_INT_BITS, "power (bits)")
+    return a**b
+
+
+def _lshift(a: Any, b: Any) -> Any:
+    if isinstance(b, int) and b > _MAX_SHIFT:
+        raise _Refusal(f"shift by {b} is too large (limit {_MAX_SHIFT})")
+    if isinstance(a, int) and isinstance(b, int):
+        _limit(a.bit_length() + b, _MAX_INT_BITS, "shifted integer (bits)")
+    return a << b
+
+
+def _mod(a: Any, b: Any) -> Any:
+    if isinstance(a, str):
+        raise _Refusal("%-formatting of strings is not allowed; use an f-string")
+    return a % b
+
+
+def _range(*args: int) -> range:
+    """``range`` refusing more than _MAX_RANGE items."""
+    result = range(*args)
+    try:
+        size = len(result)
+    except OverflowError:
+        size = _MAX_RANGE + 1
+    if size > _MAX_RANGE:
+        raise _Refusal(f"range longer than {_MAX_RANGE} items is not allowed")
+    return result
+
+
+def _sum(iterable: Any, start: Any = 0) -> Any:
+    """``sum`` of numbers only (summing lists or strings could allocate without bound)."""
+    if not isinstance(start, int | float):
+        raise _Refusal("sum() only adds numbers")
+    return sum(iterable, start)
+
+
+def _keyless(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``func`` refusing ``key=``, through which C code would call back user-chosen methods."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if "key" in kwargs:
+            raise _Refusal(f"{func.__name__}() does not accept key=")
+        return func(*args, **kwargs)
+    return call
+
+
+def _str(value: Any = "") -> str:
+    """``str`` refusing containers too large (or too aliased) to print."""
+    _walk(value)
+    return str(value)
+
+
+def _method_args(owner: Any, name: str, args: list[Any], kwargs: dict[str, Any]) -> list[Any]:
+    """Refuse method calls that could allocate without bound; returns the (listed) args."""
+    if name in {"center", "ljust", "rjust", "zfill"} and args and isinstance(args[0], int):
+        _limit(args[0], _MAX_SIZE, f"str.{name}() result")
+    elif name == "replace" and len(args) >= 2 and all(isinstance(a, str) for a in args[:2]):
+        hits = owner.count(args[0]) if args[0] else len(owner) + 1
+        _limit(len(owner) + hits * len(args[1]), _MAX_SIZE, "str.replace() result")
+    elif name in {"join", "extend"} and args:
+        args = [list(args[0]), *args[1:]]
+        size = len(owner) + len(args[0])  # extend
+        if name == "join":
+            size = len(owner) * len(args[0]) + sum(len(x) for x in args[0] if isinstance(x, str))
+        _limit(size, _MAX_SIZE, f"{name}() result")
+    elif name == "sort" and "key" in kwargs:
+        raise _Refusal("list.sort(key=...) is not allowed")
+    return args
+
+
+def _format(value: Any, spec: str) -> str:
+    """One f-string field: Python's ``format`` on plain values only, with bounded widths."""
+    if not spec:
+        return value if isinstance(value, str) else str(value)
+    if type(value) not in _PLAIN:
+        raise _Refusal(f"format spec {spec!r} is only allowed on numbers, strings and None")
+    if any(int(n) > _MAX_WIDTH for n in re.findall(r"\d+", spec)):
+        raise _Refusal(f"format spec {spec!r} is too wide")
+    return format(value, spec)
+
+
+# -- the interpreter ------------------------------------------------------------------------
