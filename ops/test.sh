@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ruff check saga tests ops
+mypy saga
 bash ops/ensure-postgres.sh
 export SAGA_TEST_DATABASE_URL=${SAGA_TEST_DATABASE_URL:-postgresql://postgres@127.0.0.1:5432/test}
 python -m pytest "$@"

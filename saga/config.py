@@ -41,8 +41,8 @@ class Settings:
     @property
     def is_postgres(self) -> bool:
         """True when the store is PostgreSQL."""
-        return bool(self.database_url) and self.database_url.startswith(("postgres://",
-                                                                         "postgresql://"))
+        url = self.database_url or ""
+        return url.startswith(("postgres://", "postgresql://"))
 
     @property
     def store_description(self) -> str:
@@ -83,7 +83,7 @@ def postgres_params(url: str, schema: str | None = None) -> dict[str, str]:
         "POSTGRES_USER": unquote(parsed.username or getpass.getuser()),
         "POSTGRES_PASSWORD": unquote(parsed.password or ""),
     }
-    chosen = schema or (query.get("schema") or [None])[0]
+    chosen = schema or (query.get("schema") or [""])[0]
     if chosen:
         params["POSTGRES_SCHEMA"] = chosen
     return params
@@ -99,7 +99,8 @@ def _file_settings(env: Mapping[str, str], cwd: Path) -> dict[str, Any]:
     if (cwd / "saga.toml").is_file():
         return _read_toml(cwd / "saga.toml")
     if (cwd / "pyproject.toml").is_file():
-        return _read_toml(cwd / "pyproject.toml").get("tool", {}).get("saga", {})
+        table = _read_toml(cwd / "pyproject.toml").get("tool", {}).get("saga", {})
+        return dict(table) if isinstance(table, dict) else {}
     return {}
 
 

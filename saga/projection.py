@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
+from uuid import UUID
 
 from eventsourcing.persistence import Notification
 
@@ -262,7 +263,8 @@ class Projection:
         ``definition`` name, an ``actor``, runs carrying every one of ``labels``, started
         at or after ``since`` and before ``until`` (ISO-8601; a naive time is UTC)."""
         self._ensure()
-        where, args = [], []
+        where: list[str] = []
+        args: list[Any] = []
         for column, value in (("status", status), ("definition_name", definition),
                               ("actor", actor)):
             if value is not None:
@@ -271,7 +273,8 @@ class Projection:
         for key, value in (labels or {}).items():
             # labels is canonical JSON (sorted keys, no spaces): one pair is a substring
             where.append("labels LIKE ?")
-            args.append("%" + _json({key: value})[1:-1].replace("%", "_") + "%")
+            pair = json.dumps({key: value}, sort_keys=True, separators=(",", ":"))[1:-1]
+            args.append("%" + pair.replace("%", "_") + "%")
         if until is not None:
             where.append("started_at < ?")
             args.append(_ts(datetime.fromisoformat(until)))
@@ -333,7 +336,8 @@ class Projection:
         """True if approvals are still pending after the decision ``n`` (which needs the
         run's earlier requests; read from the log, outside any transaction)."""
         pending: set[str] = set()
-        for e in self.app.repository.event_store.get(n.originator_id, lte=n.originator_version):
+        for e in self.app.repository.event_store.get(UUID(str(n.originator_id)),
+                                                     lte=n.originator_version):
             if isinstance(e, Run.ApprovalRequested):
                 pending.add(e.step_id)
             elif isinstance(e, Run.ApprovalGranted | Run.ApprovalRejected):

@@ -74,12 +74,12 @@ def _check(plan: Plan, run: Run, event: Any) -> Divergence | None:
 def _check_failure(plan: Plan, run: Run, event: Any) -> Divergence | None:
     state = run.step(step_key(event.step_id, event.iteration))
     if event.error_type == "Interrupted":
-        expected = scheduler.interrupted(plan, run)
+        interrupted = scheduler.interrupted(plan, run)
         if any(a.step_id == event.step_id and (a.retry_at is not None) == event.retryable
-               for a in expected):
+               for a in interrupted):
             return None
         return Divergence(event.originator_version, "StepFailed", _payload(event),
-                          [a.describe() for a in expected])
+                          [a.describe() for a in interrupted])
     if state["status"] != "running":  # decided before any call: a template or approval
         expected = scheduler.decide(plan, run)
         if any(a.matches("StepFailed", event) for a in expected):

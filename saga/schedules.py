@@ -25,7 +25,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
+from croniter import croniter  # type: ignore[import-untyped]
 
 from saga.composition.definition import parse_duration
 from saga.errors import ConfigError, InputError, Problem, RunNotFoundError
@@ -141,7 +141,7 @@ class Schedules:
             raise RunNotFoundError(f"schedule {name}")
         return _schedule(rows[0])
 
-    def list(self) -> list[Schedule]:
+    def all(self) -> list[Schedule]:
         """Every schedule, by name."""
         rows = self.db.query(f"SELECT {', '.join(COLUMNS)} FROM saga_schedules ORDER BY name")
         return [_schedule(r) for r in rows]
@@ -184,7 +184,7 @@ def _due_times(schedule: Schedule, now: datetime) -> list[datetime]:
     """The due times to fire now: every missed one for ``catch_up: all``, else the
     latest."""
     due = datetime.fromisoformat(schedule.next_due)
-    times = []
+    times: list[datetime] = []
     while due <= now and len(times) < MAX_CATCH_UP:
         times.append(due)
         due = schedule.after(due)

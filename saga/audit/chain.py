@@ -187,7 +187,8 @@ def _unwrap(value: Any) -> Any:
     if isinstance(value, dict):
         if len(value) == 2 and value.get("_type_") in _WRAPPED and "_data_" in value:
             with contextlib.suppress(Exception):  # a doctored value: hash it as it is
-                return _WRAPPED[value["_type_"]](value["_data_"])
+                convert: Any = _WRAPPED[value["_type_"]]
+                return convert(value["_data_"])
             return value
         return {k: _unwrap(v) for k, v in value.items()}
     if isinstance(value, list):

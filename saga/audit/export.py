@@ -73,13 +73,13 @@ def parse_export(text: str) -> tuple[str, list[dict[str, Any]], str | None]:
                 raise ValueError(f"line {n} is not JSON: {e.msg}") from None
     if not events:
         raise ValueError("not a saga export: no events")
-    for n, e in enumerate(events, 1):
-        if not isinstance(e, dict):
+    for n, item in enumerate(events, 1):
+        if not isinstance(item, dict):
             raise ValueError(f"event {n} of the export is not an object")
-        missing = [f for f in _EXPORT_FIELDS if f not in e]
+        missing = [f for f in _EXPORT_FIELDS if f not in item]
         if missing:
             raise ValueError(f"event {n} of the export lacks {', '.join(missing)}")
-        if not isinstance(e["payload"], dict):
+        if not isinstance(item["payload"], dict):
             raise ValueError(f"event {n} of the export has a payload that is not an object")
     run_id = run_id or events[0].get("run_id")
     if not run_id:

@@ -136,7 +136,7 @@ def schedule_add(name: str, file: str, cron: str | None, every: str | None,
 @json_option
 def schedule_list(as_json: bool) -> None:
     """List the schedules and when each fires next."""
-    rows = [s.to_json() for s in _saga().schedules.list()]
+    rows = [s.to_json() for s in _saga().schedules.all()]
     if as_json:
         _emit_json(rows)
         return

@@ -261,7 +261,7 @@ def compile_graph(data: dict[str, Any], *, tools: Any = None,
     entry = data.get("entry_point") if head is None else head.entry_point
     given = data.get("exit_points") if head is None else head.exit_points
     given = [x for x in given if isinstance(x, str)] if isinstance(given, list) else []
-    raw = data.get("nodes") if isinstance(data.get("nodes"), list) else []
+    raw: list[Any] = data["nodes"] if isinstance(data.get("nodes"), list) else []
     ids = [(i, n["id"]) for i, n in enumerate(raw)
            if isinstance(n, dict) and isinstance(n.get("id"), str)]
     reach = len(edges) == len(data.get("edges") or [])  # judged only with every edge read
@@ -281,7 +281,7 @@ def compile_graph(data: dict[str, Any], *, tools: Any = None,
         name=model.name, version=model.version, description=model.description,
         steps=[flow.nodes[n.id]["step"] for n in model.nodes],
         max_concurrency=model.config.max_parallel_nodes,
-        error_handling=ErrorHandling(failure_strategy=strategy),
+        error_handling=ErrorHandling(failure_strategy=strategy),  # type: ignore[arg-type]
         metadata={"form": "graph", "graph_id": model.id})
     return GraphPlan(definition, flow, order, model)
 
@@ -429,8 +429,8 @@ def _node_problems(node: Node, at: str, pairs: dict[Any, int], full: nx.DiGraph,
 
 def _body(flow: nx.DiGraph, e: Edge) -> set[str]:
     """The nodes a loop edge re-runs: on a path from its target back to its source."""
-    return (nx.descendants(flow, e.target) | {e.target}) & \
-        (nx.ancestors(flow, e.source) | {e.source})
+    return (set(nx.descendants(flow, e.target)) | {e.target}) & \
+        (set(nx.ancestors(flow, e.source)) | {e.source})
 
 
 def _step(model: WorkflowGraph, node: Node) -> Step:
@@ -439,8 +439,10 @@ def _step(model: WorkflowGraph, node: Node) -> Step:
     base: dict[str, Any] = {"id": node.id, "description": node.label or node.description}
     if node.task_config is not None:
         task = node.task_config
-        return Step(**base, tool=task.role, parameters={"task": task.task_template},
-                    timeout=task.timeout, retry=task.retry, compensate=task.compensate)
+        return Step.model_validate({**base, "tool": task.role,
+                                    "parameters": {"task": task.task_template},
+                                    "timeout": task.timeout, "retry": task.retry,
+                                    "compensate": task.compensate})
     if node.gate_config is not None:
         types = {n.id: n.type for n in model.nodes}
         onward = [types[e.target] for e in model.edges if e.source == node.id]
@@ -449,8 +451,8 @@ def _step(model: WorkflowGraph, node: Node) -> Step:
         return Step(**base, tool=node.gate_config.gate_type,
                     expect=None if reports else "output.passed == True")
     if node.subgraph_config is not None:
-        return Step(**base, use=node.subgraph_config.workflow_name,
-                    parameters=dict(node.subgraph_config.input_mapping))
+        return Step.model_validate({**base, "use": node.subgraph_config.workflow_name,
+                                    "parameters": dict(node.subgraph_config.input_mapping)})
     # `confirm` on a human step makes nesting refuse a graph that waits for people.
     title = node.human_config.title if node.human_config is not None else None
     return Step(**base, tool="noop", confirm=title)

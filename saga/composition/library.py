@@ -83,7 +83,7 @@ def read_template(path: Path) -> TemplateInfo:
         data = load_file(path)
     except DefinitionError as e:
         return TemplateInfo(path.stem, path, error=str(e))
-    meta = data.get("metadata") if isinstance(data.get("metadata"), dict) else {}
+    meta: dict[str, Any] = data["metadata"] if isinstance(data.get("metadata"), dict) else {}
     description = " ".join(str(data.get("description") or meta.get("description") or "").split())
     raw_inputs = data.get("inputs") or []
     if isinstance(raw_inputs, dict):

@@ -50,7 +50,8 @@ class Plan:
 
     def step(self, step_id: str) -> Step:
         """The step with this id."""
-        return self.graph.nodes[step_id]["step"]
+        step: Step = self.graph.nodes[step_id]["step"]
+        return step
 
     def record(self) -> dict[str, Any]:
         """The normalised definition as recorded in ``RunStarted``."""
@@ -70,7 +71,7 @@ class Plan:
 
     def upstream(self, step_id: str) -> set[str]:
         """Every step this one transitively depends on."""
-        return nx.ancestors(self.graph, step_id)
+        return set(nx.ancestors(self.graph, step_id))
 
     def rollback_plan(self) -> dict[str, str | None]:
         """How each step is undone on rollback, by step id (None: it is not)."""
@@ -99,7 +100,7 @@ class Plan:
             weighted.add_edge(start, node, weight=_expected_ms(self.step(node)))
         for u, v in self.graph.edges:
             weighted.add_edge(u, v, weight=_expected_ms(self.step(v)))
-        return nx.dag_longest_path(weighted, weight="weight")[1:]
+        return list(nx.dag_longest_path(weighted, weight="weight"))[1:]
 
 
 def _expected_ms(step: Step) -> float:
@@ -119,6 +120,8 @@ def compile_plan(data: dict[str, Any] | Definition, *,
             and both are checked here, before anything runs.
         source: a file name to mention in the error.
     """
+    problems: list[Problem]
+    definition: Definition | None
     if isinstance(data, Definition):
         definition, problems = data, []
     else:
@@ -205,19 +208,19 @@ def _graph(raw_steps: RawSteps) -> tuple[nx.DiGraph, list[Problem]]:
         else:
             seen[step["id"]] = i
             graph.add_node(step["id"])
-    for i, step, deps in _dependencies(raw_steps):
+    for i, step_id, deps in _dependencies(raw_steps):
         for dep in deps:
             if dep not in seen:
                 problems.append(Problem(f"steps[{i}].depends_on",
                                         f"unknown step {dep!r}"))
-            elif dep == step:
+            elif dep == step_id:
                 problems.append(Problem(f"steps[{i}].depends_on", "a step cannot depend on itself"))
-            elif step in guarantees and dep not in guarantees:
+            elif step_id in guarantees and dep not in guarantees:
                 problems.append(Problem(f"steps[{i}].depends_on",
                                         f"a guarantee step cannot wait for {dep!r}, which is "
                                         "not a guarantee (guarantees run first)"))
             else:
-                graph.add_edge(dep, step)
+                graph.add_edge(dep, step_id)
     # Guarantees run before everything else and block it (seed 003's layers).
     for node in list(graph.nodes):
         if node not in guarantees:
@@ -271,7 +274,7 @@ def _step_problems(steps: list[tuple[int, Step]], graph: nx.DiGraph,
             problems += _tool_problems(step, where, tools)
         if step.id not in graph:
             continue
-        upstream = nx.ancestors(graph, step.id)
+        upstream = set(nx.ancestors(graph, step.id))
         for path, names in _step_references(step, where, problems):
             own = COMPENSATION_NAMES | {step.key, step.id}
             extra = own if path.startswith("compensate") else set()
@@ -412,7 +415,7 @@ def _code_steps_refs(source: str, mode: str) -> set[str]:
 
 
 def _reference_problems(path: str, names: set[str], keys: dict[str, str], upstream: set[str],
-                        extra: set[str]) -> list[Problem]:
+                        extra: Collection[str]) -> list[Problem]:
     problems = []
     for name in sorted(names):
         if name.startswith("steps."):

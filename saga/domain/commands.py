@@ -13,7 +13,6 @@ class RunCommands:
     """The commands of :class:`~saga.domain.run.Run`; each triggers one of its events."""
 
     # Provided by the aggregate these commands belong to.
-    run_id: str
     options: dict[str, Any]
     started_at: str
     trigger_event: Any
@@ -143,6 +142,11 @@ class RunCommands:
     def time_out(self) -> None:
         """Record that the run's deadline passed."""
         self.trigger_event(self.RunTimedOut, deadline=self.deadline or "")
+
+    @property
+    def run_id(self) -> str:  # pragma: no cover - the aggregate's own property wins
+        """The run's id (see :attr:`saga.domain.run.Run.run_id`)."""
+        raise NotImplementedError
 
     def pause(self, actor: str, reason: str | None = None) -> None:
         """Record that no new step may start."""

@@ -20,6 +20,7 @@ from saga.chain import CHAIN_FIELDS, GENESIS, event_hash, genesis, link_fields
 from saga.domain.commands import RunCommands
 from saga.domain.vocabulary import (
     TERMINAL,
+    RunStatus,
     iso,
     ms_between,
     run_uuid,
@@ -63,7 +64,7 @@ class Run(RunCommands, Aggregate):
                               self.prev_hash)
 
         def mutate(self, aggregate: Any) -> Any:
-            before = aggregate.status if aggregate is not None else "running"
+            before: RunStatus = aggregate.status if aggregate is not None else "running"
             aggregate = super().mutate(aggregate)
             aggregate.status = status_after(type(self).__name__, before,
                                             still_waiting=aggregate.is_waiting)

@@ -35,7 +35,10 @@ log = logging.getLogger("saga.executor")
 class LeaseLike(Protocol):
     """What the executor needs of a run's lease (see :class:`saga.store.leases.Lease`)."""
 
-    renew_every: float
+    @property
+    def renew_every(self) -> float:
+        """Seconds between renewals."""
+        ...
 
     def renew(self) -> bool:
         """Extend the lease; False when another worker holds it now."""
@@ -130,7 +133,7 @@ class Drive:
             if keeper is not None and keeper in done:
                 keeper.result()  # raises LeaseLostError
             for task in done:
-                self._record(_outcome_of(task, *self.tasks.pop(task)))
+                self._record(_outcome_of(task, *self.tasks.pop(task)))  # type: ignore[arg-type,call-overload]
 
     async def _keep_lease(self) -> None:
         """Renew the run's lease until the drive ends; raise when another worker took it."""
@@ -387,6 +390,7 @@ class Drive:
     def _cached(self, step: Step, action: StartStep) -> dict[str, Any] | None:
         if not self._cacheable(step, action):
             return None
+        assert self.x.cache is not None and step.tool is not None
         hit = self.x.cache.get(step.tool, action.parameters)
         if hit is not None:
             hit["hit"] = True
@@ -446,6 +450,7 @@ class Drive:
         values = secrets.lookup(run_id, secrets.names_in(params) | secrets.names_in(recorded))
         params = secrets.reveal(params, values)
         if own_output is not None:
+            assert tool.compensate is not None
             func = _bind_output(tool.compensate, secrets.reveal(recorded, values))
         else:
             problems = tool.check_parameters(params)

@@ -269,7 +269,9 @@ class _Interpreter:
         value = self.visit(node.value)
         _str(value)  # refuses values too large to print
         if node.conversion != -1:
-            value = {ord("s"): str, ord("r"): repr, ord("a"): ascii}[node.conversion](value)
+            conversions: dict[int, Callable[[Any], str]] = {
+                ord("s"): str, ord("r"): repr, ord("a"): ascii}
+            value = conversions[node.conversion](value)
         return _format(value, "" if node.format_spec is None else self.visit(node.format_spec))
 
     def _bool_op(self, node: ast.BoolOp) -> Any:
@@ -428,7 +430,7 @@ def _parse(source: str, mode: str) -> tuple[ast.AST | None, tuple[str, ...]]:
             line = getattr(node, "lineno", None)
             problems.append(f"{problem} (line {line})" if line else problem)
         if type(node) in _ALLOWED:
-            pending.extend(ast.iter_child_nodes(node))
+            pending.extend(ast.iter_child_nodes(node))  # type: ignore[arg-type]
     return tree, tuple(problems)
 
 

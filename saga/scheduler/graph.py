@@ -8,6 +8,7 @@ history. The choices where seed 004 is silent are listed in
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from saga.composition.graph_form import (
@@ -61,8 +62,7 @@ def _holds(cond: TransitionCondition | LoopCondition, value: Any, source: str = 
     if not found and source and cond.field.startswith(source + "."):
         found, actual = _lookup(value, cond.field[len(source) + 1:])  # "node.field" form
     want = cond.value
-    try:
-        return found and bool({
+    checks: dict[str, Callable[[], Any]] = {
             "==": lambda: actual == want, "!=": lambda: actual != want,
             ">": lambda: actual > want, "<": lambda: actual < want,
             ">=": lambda: actual >= want, "<=": lambda: actual <= want,
@@ -70,7 +70,9 @@ def _holds(cond: TransitionCondition | LoopCondition, value: Any, source: str = 
             "contains": lambda: isinstance(actual, str | list | dict) and want in actual,
             "starts_with": lambda: isinstance(actual, str) and actual.startswith(want),
             "ends_with": lambda: isinstance(actual, str) and actual.endswith(want),
-        }[cond.operator]())
+    }
+    try:
+        return found and bool(checks[cond.operator]())
     except TypeError:
         return False
 
@@ -113,7 +115,7 @@ class _Decision:
             if edge.is_loop_edge and output.get("branch_outcome") == MAX_REACHED:
                 return False  # the bound holds whatever the edge's condition says
             if edge.condition is None:
-                return output.get("target") == edge.target
+                return bool(output.get("target") == edge.target)
         if edge.condition is None:
             return True
         return _holds(edge.condition, self.data(edge.source, output, raw=True), edge.source)
@@ -284,6 +286,7 @@ class _Decision:
         for value in outputs.values():
             names.update(value if isinstance(value, dict) else {})
         holds = _holds(config.condition, names)
+        target: str | None
         outcome, target = ("on_true", config.on_true) if holds else ("on_false", config.on_false)
         loops = [edge for edge, _ in self.plan.loops.values() if edge.source == node.id]
         count = 0  # how many instances just before this one took the loop, in a row

@@ -23,7 +23,7 @@ def namespace(plan: Plan, run: Run) -> dict[str, Any]:
     for step in plan.definition.steps:
         state = run.steps.get(step_key(step.id))
         recorded = state is not None and state["status"] in ("completed", "compensated")
-        outputs[step.id] = state["output"] if recorded else None
+        outputs[step.id] = state["output"] if state is not None and recorded else None
     names: dict[str, Any] = {}
     for step in plan.definition.steps:
         names[step.id] = outputs[step.id]

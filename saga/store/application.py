@@ -42,7 +42,7 @@ def store_errors(where: str) -> Iterator[None]:
             f"cannot reach the event store ({where}): {first_line(e)}") from e
 
 
-class SagaApplication(Application):
+class SagaApplication(Application[UUID]):
     """Runs, stored as event-sourced ``Run`` aggregates."""
 
     name = "saga"
@@ -54,7 +54,7 @@ class SagaApplication(Application):
         env = settings.store_env()
         if settings.snapshot_interval > 0:
             # Snapshots keep loading a long run cheap; the library takes them inside save().
-            self.snapshotting_intervals = {Run: settings.snapshot_interval}
+            self.snapshotting_intervals = {Run: settings.snapshot_interval}  # type: ignore[misc]
             env["IS_SNAPSHOTTING_ENABLED"] = "y"
         if settings.is_postgres:
             with _postgres_setup(settings), store_errors(settings.store_description):

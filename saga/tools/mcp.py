@@ -241,7 +241,8 @@ class MCPManager:
                                        cwd=config.cwd)
         timeout = timedelta(seconds=config.timeout) if config.timeout else None
         try:
-            async with stdio_client(params, errlog=entry.errlog) as (read, write), \
+            errlog: Any = entry.errlog  # a binary file: the SDK writes text or bytes to it
+            async with stdio_client(params, errlog=errlog) as (read, write), \
                     ClientSession(read, write, read_timeout_seconds=timeout) as session:
                 await session.initialize()
                 entry.session = session

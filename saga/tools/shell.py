@@ -120,7 +120,7 @@ async def run_argv(argv: list[str], params: dict[str, Any], allow: list[str]) ->
                                           float(timeout) if timeout else None)
     except TimeoutError:
         await _kill(proc)
-        raise ToolError(f"{argv[0]} timed out after {float(timeout):g}s and was killed",
+        raise ToolError(f"{argv[0]} timed out after {float(timeout or 0):g}s and was killed",
                         error_type="timeout", retryable=True) from None
     except BaseException:  # cancelled by the executor's step timeout, or anything else
         await _kill(proc)
@@ -157,7 +157,7 @@ def make_tool(config: Mapping[str, Any]) -> Tool:
 
     async def shell(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         """Runs an allowlisted program from an argv list."""
-        return await run_argv(params.get("argv"), params, allowlist(config))
+        return await run_argv(list(params.get("argv") or []), params, allowlist(config))
 
     async def undo(params: dict[str, Any], output: Any, ctx: ToolContext) -> dict[str, Any]:
         undo_argv = params.get("undo_argv")
