@@ -36,6 +36,9 @@ class Settings:
     #: the run ``waiting`` for a worker.
     hold_seconds: float = 60.0
     audit_key: str | None = field(default=None, repr=False)
+    #: Environment variables compositions may read by name as ``{{ secret.NAME }}``
+    #: (saga.toml ``[secrets] allow``); ``SAGA_SECRET_NAME`` is always readable.
+    secrets_allow: tuple[str, ...] = ()
     file: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -143,6 +146,8 @@ def load_settings(env: Mapping[str, str] | None = None, cwd: Path | None = None,
             lease_seconds=float(env.get("SAGA_LEASE_SECONDS") or data.get("lease_seconds", 30)),
             hold_seconds=float(env.get("SAGA_HOLD_SECONDS") or data.get("hold_seconds", 60)),
             audit_key=env.get("SAGA_AUDIT_KEY") or None,
+            secrets_allow=tuple(str(n) for n in (data.get("secrets") or {}).get("allow", [])
+                                if isinstance(data.get("secrets"), dict)),
             file=data,
         )
     except ValueError as e:

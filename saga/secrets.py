@@ -5,14 +5,19 @@ one too. What the scheduler renders, and so what ``StepStarted`` records, is a m
 (``«secret:NAME»``), never the value. The executor swaps markers for values just before a
 tool is called, and swaps any value a tool echoes back for its marker again before the
 output or error is recorded. Values come from this process (secret inputs given to the
-run that started here) or from the environment: ``NAME``, then ``SAGA_SECRET_NAME``.
+run that started here) or from the environment, and only from an allowlist:
+``SAGA_SECRET_NAME`` (the name as written, or upper-cased), or ``NAME`` itself when
+saga.toml declares it (``[secrets] allow = ["GITHUB_TOKEN"]``). saga's own settings
+(``SAGA_AUDIT_KEY``, ``SAGA_DATABASE_URL``, every ``SAGA_*`` that is not
+``SAGA_SECRET_*``) are never readable, declared or not: a composition must not be able
+to send the audit key to a server of its choosing.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from saga.errors import ToolError
@@ -59,16 +64,33 @@ def names_in(value: Any) -> set[str]:
     return set()
 
 
-def lookup(run_id: str, names: set[str], env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The values of these secrets, or a ToolError naming the first one that is missing."""
+def forbidden(name: str) -> bool:
+    """saga's own settings are never secrets a composition may read."""
+    upper = name.upper()
+    return upper.startswith("SAGA_") and not upper.startswith("SAGA_SECRET_")
+
+
+def lookup(run_id: str, names: set[str], env: Mapping[str, str] | None = None,
+           allow: Collection[str] = ()) -> dict[str, str]:
+    """The values of these secrets, or a ToolError naming the first one that is refused or
+    missing. ``allow``: environment variables saga.toml lets compositions read by name."""
     env = os.environ if env is None else env
     found = {}
     for name in sorted(names):
-        value = _PROCESS.get(run_id, {}).get(name, env.get(name, env.get(f"SAGA_SECRET_{name}")))
+        if forbidden(name):
+            raise ToolError(f"secret {name!r} is one of saga's own settings and is never "
+                            "readable", error_type="SecretRefused", retryable=False)
+        value = _PROCESS.get(run_id, {}).get(name)
+        for candidate in (f"SAGA_SECRET_{name}", f"SAGA_SECRET_{name.upper()}"):
+            value = env.get(candidate) if value is None else value
+        if value is None and name in allow:
+            value = env.get(name)
         if value is None:
-            raise ToolError(f"secret {name!r} is not available: set {name} or "
-                            f"SAGA_SECRET_{name} in the environment", error_type="SecretMissing",
-                            retryable=False)
+            hint = f"SAGA_SECRET_{name.upper()}" + (f" or {name}" if name in allow else
+                                                    f" (or allow {name} in saga.toml "
+                                                    "[secrets] allow)")
+            raise ToolError(f"secret {name!r} is not available: set {hint}",
+                            error_type="SecretMissing", retryable=False)
         found[name] = value
     return found
 

@@ -19,7 +19,7 @@ from typing import Any
 import networkx as nx
 from pydantic import ValidationError
 
-from saga import expressions
+from saga import expressions, secrets
 from saga.composition.definition import Definition, Step, ToolCall, build
 from saga.errors import DefinitionError, ExpressionError, Problem
 
@@ -370,11 +370,27 @@ def _step_references(step: Step, where: str,
 
 
 def _static_problems(path: str, value: Any) -> list[str]:
+    refused = [f"secret {name!r} is one of saga's own settings and is never readable"
+               for name in sorted(_secret_names(value)) if secrets.forbidden(name)]
     if path in ("condition", "until"):
-        return expressions.check_expression(value)
+        return refused + expressions.check_expression(value)
     if path == "compute":
-        return expressions.check_compute(value)
-    return expressions.check_template(value)
+        return refused + expressions.check_compute(value)
+    return refused + expressions.check_template(value)
+
+
+_SECRET_REF = re.compile(r"secret\s*(?:\.\s*([A-Za-z_]\w*)|\[\s*['\"]([^'\"]+)['\"]\s*\])")
+
+
+def _secret_names(value: Any) -> set[str]:
+    """The secrets a value's templates or code read (``secret.X``, ``secret['X']``)."""
+    if isinstance(value, str):
+        return {a or b for a, b in _SECRET_REF.findall(value)}
+    if isinstance(value, dict):
+        return set().union(*(_secret_names(v) for v in value.values()), set())
+    if isinstance(value, list):
+        return set().union(*(_secret_names(v) for v in value), set())
+    return set()
 
 
 def _steps_refs(value: Any) -> set[str]:

@@ -447,7 +447,8 @@ class Drive:
         )
         params = parameters if isinstance(parameters, dict) else {"value": parameters}
         recorded = own_output[0] if own_output is not None else None
-        values = secrets.lookup(run_id, secrets.names_in(params) | secrets.names_in(recorded))
+        values = secrets.lookup(run_id, secrets.names_in(params) | secrets.names_in(recorded),
+                                allow=self.x.app.settings.secrets_allow)
         params = secrets.reveal(params, values)
         if own_output is not None:
             assert tool.compensate is not None

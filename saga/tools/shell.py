@@ -157,7 +157,8 @@ def make_tool(config: Mapping[str, Any]) -> Tool:
 
     async def shell(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         """Runs an allowlisted program from an argv list."""
-        return await run_argv(list(params.get("argv") or []), params, allowlist(config))
+        argv: Any = params.get("argv")  # run_argv refuses anything but a list of strings
+        return await run_argv(argv, params, allowlist(config))
 
     async def undo(params: dict[str, Any], output: Any, ctx: ToolContext) -> dict[str, Any]:
         undo_argv = params.get("undo_argv")

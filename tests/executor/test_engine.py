@@ -659,7 +659,7 @@ def test_auto_heal_is_bounded(saga: Saga) -> None:
 
 def test_secrets_reach_tools_but_never_the_log(saga: Saga, monkeypatch: pytest.MonkeyPatch
                                                ) -> None:
-    monkeypatch.setenv("API_TOKEN", "s3cr3t-t0ken")
+    monkeypatch.setenv("SAGA_SECRET_API_TOKEN", "s3cr3t-t0ken")
     plan = saga.load({"name": "secretive",
                       "inputs": [{"name": "password", "secret": True}, {"name": "user"}],
                       "steps": [
@@ -783,7 +783,7 @@ def test_retrying_a_failed_loop_retries_its_failed_iterations(saga: Saga) -> Non
 def test_secrets_stay_out_of_schema_errors_and_the_cache(saga: Saga,
                                                          monkeypatch: pytest.MonkeyPatch,
                                                          tmp_path: Any) -> None:
-    monkeypatch.setenv("ACTION_SECRET", "hunter2-TOPSECRET")
+    monkeypatch.setenv("SAGA_SECRET_ACTION_SECRET", "hunter2-TOPSECRET")
     bad = saga.run(saga.load({"name": "s", "steps": [
         {"id": "w", "tool": "file", "args": {"action": "{{ secret.ACTION_SECRET }}",
                                               "path": str(tmp_path / "f")}}]}))
@@ -791,9 +791,9 @@ def test_secrets_stay_out_of_schema_errors_and_the_cache(saga: Saga,
     assert "hunter2" not in json.dumps(saga.history(bad.run_id))
     cached = {"name": "c", "steps": [{"id": "who", "tool": "effect", "cache": 300,
                                       "args": {"value": "{{ secret.WHO }}"}}]}
-    monkeypatch.setenv("WHO", "alice")
+    monkeypatch.setenv("SAGA_SECRET_WHO", "alice")
     first = saga.run(saga.load(cached))
-    monkeypatch.setenv("WHO", "bob")
+    monkeypatch.setenv("SAGA_SECRET_WHO", "bob")
     second = saga.run(saga.load(cached))
     assert "cache" not in second.steps["who"] and "cache" not in first.steps["who"]
     assert [c["params"]["value"] for c in standins.CALLS if c["tool"] == "effect"] == [
