@@ -14,7 +14,7 @@ from saga.tools import Registry
 
 def echo_secret(name: str) -> dict:
     return {"name": "s", "steps": [{"id": "leak", "tool": "echo",
-                                    "parameters": {"v": "{{ secret.%s }}" % name}}]}
+                                    "parameters": {"v": "{{ secret." + name + " }}"}}]}
 
 
 @pytest.mark.parametrize("name", ["SAGA_AUDIT_KEY", "SAGA_DATABASE_URL", "saga_api_token"])
