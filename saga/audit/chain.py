@@ -102,6 +102,7 @@ TERMINAL_TYPES = frozenset(ENDINGS)
 
 
 FIRST_TYPE = "RunStarted"
+RETENTION_TYPE = "RetentionApplied"
 
 
 
@@ -196,6 +197,15 @@ def _unwrap(value: Any) -> Any:
     return value
 
 
+def _retained(later: Sequence[Record]) -> dict[str, str]:
+    """Version -> hash of the redacted payload, from the ``RetentionApplied`` events."""
+    found: dict[str, str] = {}
+    for r in later:
+        if r.type_name == RETENTION_TYPE and isinstance(r.state.get("versions"), dict):
+            found.update({str(k): str(v) for k, v in r.state["versions"].items()})
+    return found
+
+
 def _is_redacted(record: Record) -> bool:
     return any(record.state.get(f) == REDACTED for f in REDACTABLE.get(record.type_name, ()))
 
@@ -248,16 +258,14 @@ def verify_records(records: Sequence[Record], key: bytes | str | None = None,
     ``expected_head``: a head known from outside the store (an earlier export or verify);
     the chain must still contain it, which is what detects a deleted last event.
 
-    An event whose payload hash no longer matches but whose user-data fields (see
-    :data:`REDACTABLE`) hold the redaction marker is accepted on its recorded
-    ``payload_hash`` alone and counted in ``redacted``, provided a terminal event follows
-    it (retention only touches finished runs). Its payload cannot be re-checked: the
-    removed values are gone, so the hash of the original payload cannot be recomputed.
-    That is acceptable because the link still covers the ``payload_hash`` recorded at
-    write time: the event's existence, type, time, actor, place in the chain and (with a
-    key) authenticity stay proven, and anyone holding the original payload (an export
-    taken before retention) can still prove it is the one that was recorded. What is lost
-    is proof of the event's remaining payload fields.
+    An event whose payload hash no longer matches is accepted as redacted (and counted
+    in ``redacted``) only when a later ``RetentionApplied`` event of the same chain
+    records the hash of exactly the payload it now has: retention writes that event (it
+    is chained and, with a key, signed like every other) before it rewrites anything. So
+    the original payload's hash still proves the event was written as it was, and the
+    retention event's hash proves that nothing but the user-data fields (see
+    :data:`REDACTABLE`) changed since. An event made to look redacted by hand, or
+    changed after retention, is ``payload edited``.
     """
     key_bytes = key.encode() if isinstance(key, str) else key
     keyed = bool(key_bytes)
@@ -319,12 +327,16 @@ def verify_records(records: Sequence[Record], key: bytes | str | None = None,
                 at, reason, message = _diagnose(records, links, i)
                 return broken(at, reason, message)
         if payload_digest(r.state) != r.payload_hash:
-            if _is_redacted(r) and i <= last_terminal:
+            retained = _retained(records[i + 1:]).get(str(v))
+            if _is_redacted(r) and i <= last_terminal and retained == payload_digest(r.state):
                 redacted += 1
             else:
+                why = "" if not _is_redacted(r) else (
+                    " (it looks redacted, but no retention event records it)" if retained is None
+                    else " (it changed after retention redacted it)")
                 return broken(v, PAYLOAD_EDITED,
                               f"the payload of event {v} ({kind}) does not match the "
-                              "payload_hash recorded when it was written")
+                              f"payload_hash recorded when it was written{why}")
         if key_bytes:
             if r.mac is None:
                 return broken(v, FORGED, f"event {v} ({kind}) carries no mac")

@@ -21,16 +21,19 @@ non-redacted fields of a redacted event can no longer be re-checked against its 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from saga.audit.chain import (
     REDACTABLE,
     REDACTED,
+    RETENTION_TYPE,
     TERMINAL_TYPES,
     Record,
+    _retained,
     log,
+    payload_digest,
     verify_records,
 )
 from saga.audit.store import (
@@ -44,6 +47,7 @@ from saga.audit.store import (
     _tables,
 )
 from saga.config import Settings
+from saga.store.application import open_app
 from saga.store.side_tables import Database
 
 
@@ -57,10 +61,11 @@ class _Plan:
 
 
 def _finished_before(records: Sequence[Record], cutoff: datetime) -> bool:
-    if not records or records[-1].type_name not in TERMINAL_TYPES:
+    ending = [r for r in records if r.type_name != RETENTION_TYPE]
+    if not ending or ending[-1].type_name not in TERMINAL_TYPES:
         return False
     try:
-        when = datetime.fromisoformat(records[-1].timestamp)
+        when = datetime.fromisoformat(ending[-1].timestamp)
     except ValueError:
         return False
     when = when if when.tzinfo else when.replace(tzinfo=UTC)
@@ -86,6 +91,24 @@ def _plan(records: Sequence[Record], cutoff: datetime, key: bytes | str | None) 
     return plan
 
 
+def _record_retention(settings: Settings, run_id: str, plan: _Plan,
+                      records: Sequence[Record], key: bytes | str | None) -> None:
+    """Append ``RetentionApplied`` (what will be rewritten, and each payload's hash after)
+    unless the run already records exactly that: a rerun after a crash adds nothing."""
+    versions = {str(v): payload_digest(state) for v, state in plan.updates}
+    if all(_retained(records).get(k) == h for k, h in versions.items()):
+        return
+    if key:  # sign it with the key the run is verified with
+        settings = replace(settings, audit_key=key.decode() if isinstance(key, bytes) else key)
+    app = open_app(settings)
+    try:
+        run = app.get_run(run_id)
+        run.record_retention(versions)
+        app.save_run(run)
+    finally:
+        app.close()
+
+
 def _retain(db: Database, settings: Settings, run_id: str, cutoff: datetime, dry_run: bool,
             key: bytes | str | None) -> bool:
     events, snapshots = _tables(settings)
@@ -101,6 +124,8 @@ def _retain(db: Database, settings: Settings, run_id: str, cutoff: datetime, dry
                             args)
             plan.snapshots = int(rows[0]["n"])
         return bool(plan)
+    if plan.updates:  # the evidence first, through the store's own writer (chained, signed)
+        _record_retention(settings, run_id, plan, _read(db, settings, run_id), key)
     with db.tx() as cur:  # decided again under lock: a writer may have appended meanwhile
         plan = _plan(_read(db, settings, run_id, cur), cutoff, key)
         if plan is None:

@@ -38,6 +38,7 @@ class RunCommands:
     RunTimedOut: Any
     RunPaused: Any
     RunUnpaused: Any
+    RetentionApplied: Any
 
     def start_step(self, step_id: str, iteration: int, attempt: int, parameters: Any,
                    worker: str | None = None) -> None:
@@ -147,6 +148,10 @@ class RunCommands:
     def run_id(self) -> str:  # pragma: no cover - the aggregate's own property wins
         """The run's id (see :attr:`saga.domain.run.Run.run_id`)."""
         raise NotImplementedError
+
+    def record_retention(self, versions: dict[str, str]) -> None:
+        """Record which events retention rewrites, and the hash each will have."""
+        self.trigger_event(self.RetentionApplied, versions=versions, actor="retention")
 
     def pause(self, actor: str, reason: str | None = None) -> None:
         """Record that no new step may start."""

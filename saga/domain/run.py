@@ -467,6 +467,17 @@ class Run(RunCommands, Aggregate):
             aggregate.error, aggregate.failed_step = self.error, self.failed_step
             aggregate.outputs = self.outputs
 
+    class RetentionApplied(Event):
+        """Retention is about to remove user data from this finished run: for each event
+        it rewrites (by version), the hash of the payload it leaves, so an auditor can
+        tell a redaction from an edit."""
+
+        TOPIC = "saga.RetentionApplied"
+        versions: dict[str, str]
+
+        def apply(self, aggregate: Any) -> None:
+            aggregate.retained = True
+
     class RunCancelled(Event):
         """Someone cancelled the run."""
 

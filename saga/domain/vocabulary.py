@@ -32,7 +32,8 @@ EVENT_TYPES = (
     "HealStarted", "RemedyApplied", "ApprovalRequested", "ApprovalGranted",
     "ApprovalRejected", "CompensationStarted", "StepCompensated", "CompensationFailed",
     "RunRetried", "RunCompleted", "RunFailed", "RunCompensated", "RunCancelled",
-    "RunPaused", "RunUnpaused", "StepWaiting", "SignalReceived", "RunTimedOut")
+    "RunPaused", "RunUnpaused", "StepWaiting", "SignalReceived", "RunTimedOut",
+    "RetentionApplied")
 
 
 TOPIC_PREFIX = "saga."

@@ -466,7 +466,7 @@ def test_retention_removes_user_data_and_keeps_the_chain(settings: Settings,
                 for name in audit.REDACTABLE.get(r.type_name, ()):
                     assert r.state[name] == REDACTED, (r.type_name, name)
             result = only(settings, run_id, expected_heads={run_id: heads[run_id]})
-            assert result.ok and result.head == heads[run_id], result
+            assert result.ok and records[-1].type_name == "RetentionApplied", result
             assert result.redacted == sum(r.type_name in audit.REDACTABLE for r in records)
             assert audit.verify_export(audit.export_run(settings, run_id, "jsonl")).ok
         # The runs still load.
@@ -479,6 +479,13 @@ def test_retention_removes_user_data_and_keeps_the_chain(settings: Settings,
             assert rows.blob() == blobs[waiting]
         assert audit.apply_retention(settings, 0) == []
         assert audit.apply_retention(settings, 0, dry_run=True) == []
+        # An edit beside a redaction is caught: retention recorded each payload's hash.
+        v = version_of(settings, undone, "RunCompensated")
+        with Rows(settings, undone) as rows:
+            state = rows.state(v)
+            state["error"] = {"message": "all fine, nothing failed"}
+            rows.put(v, state)
+        broken(only(settings, undone), v, PAYLOAD_EDITED)
         # A redaction marker cannot hide an edit in a run that never finished.
         with Rows(settings, waiting) as rows:
             state = rows.state(1)
@@ -512,3 +519,23 @@ def test_retention_under_a_key_keeps_the_macs_valid(keyed: Saga, settings: Setti
     assert audit.apply_retention(settings, 0, key=b"k") == [run_id]
     result = only(settings, run_id, key=b"k")
     assert result.ok and result.keyed and result.redacted > 0, result
+
+
+@pytest.mark.doctored
+@pytest.mark.parametrize("key", [None, "k3y"])
+def test_a_laundered_redaction_is_caught(settings: Settings, registry: Registry,
+                                         key: str | None) -> None:
+    """Marking a finished run's events redacted by hand, to hide other edits (a changed
+    definition, a rewritten error), fails with and without the key: no retention event
+    records those payloads."""
+    keyed = replace(settings, audit_key=key)
+    with Saga(keyed, registry=registry) as s:
+        run_id = record(s, fail=True)
+    with Rows(keyed, run_id) as rows:
+        state = rows.state(1)
+        state["inputs"] = REDACTED
+        state["definition"]["name"] = "harmless"
+        rows.put(1, state)
+    result = only(keyed, run_id)
+    broken(result, 1, PAYLOAD_EDITED)
+    assert "no retention event records it" in result.message
