@@ -81,6 +81,15 @@ def sign(key: bytes, digest: str) -> str:
     return hmac.new(key, digest.encode(), hashlib.sha256).hexdigest()
 
 
+def seal(state: dict[str, Any], key: bytes | None) -> str:
+    """The seal of a snapshot's state (every field but the seal itself): an HMAC with the
+    audit key, else a sha256 (which catches a careless edit; only the key, or rebuilding
+    the state from the events as ``saga audit verify`` does, catches a careful one)."""
+    body = canonical({k: v for k, v in state.items() if k != "seal"})
+    return hmac.new(key, body, hashlib.sha256).hexdigest() if key else \
+        hashlib.sha256(body).hexdigest()
+
+
 def link_fields(event_type: str, version: int, timestamp: str, actor: str | None,
                 fields: dict[str, Any], prev: str, key: bytes | None) -> dict[str, Any]:
     """The chain fields of a new event: its actor, predecessor link, payload hash and,

@@ -141,6 +141,13 @@ class RunIdConflictError(SagaError):
                          "(choose another --id, or start it with what it was started with)")
 
 
+class DoctoredSnapshotError(SagaError):
+    """Raised when a stored snapshot of a run is not the state its events produce: its
+    seal does not match (it was edited), so it is not trusted."""
+
+    exit_code = 1
+
+
 class RunStateError(SagaError):
     """Raised when a command does not apply to a run in its current state."""
 

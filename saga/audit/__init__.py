@@ -13,6 +13,7 @@ from saga.audit.chain import (
     REASONS,
     REDACTABLE,
     REDACTED,
+    SNAPSHOT_DOCTORED,
     TRANSPLANTED,
     Record,
     Result,
@@ -25,7 +26,8 @@ from saga.errors import RunNotFoundError
 
 __all__ = [
     "EVENT_DELETED", "FORGED", "INSERTED_OR_REORDERED", "NOT_A_CHAIN", "PAYLOAD_EDITED",
-    "REASONS", "REDACTABLE", "REDACTED", "TRANSPLANTED", "Record", "Result", "RunNotFoundError",
+    "REASONS", "REDACTABLE", "REDACTED", "SNAPSHOT_DOCTORED", "TRANSPLANTED", "Record",
+    "Result", "RunNotFoundError",
     "apply_retention", "audit_key", "export_events", "export_run", "parse_export",
     "read_records", "run_ids", "verify_export", "verify_records", "verify_store",
 ]

@@ -73,11 +73,12 @@ FORGED = "forged"
 
 NOT_A_CHAIN = "not a chain"
 TRANSPLANTED = "transplanted"
+SNAPSHOT_DOCTORED = "snapshot doctored"
 #: Every reason a verification can fail with.
 
 
 REASONS = (PAYLOAD_EDITED, EVENT_DELETED, INSERTED_OR_REORDERED, FORGED, NOT_A_CHAIN,
-           TRANSPLANTED)
+           TRANSPLANTED, SNAPSHOT_DOCTORED)
 
 #: The value a removed payload field is replaced with.
 

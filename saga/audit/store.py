@@ -7,18 +7,22 @@ import contextlib
 import json
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 from uuid import UUID
 
 from saga.audit.chain import (
     _UNREADABLE,
+    SNAPSHOT_DOCTORED,
     Record,
     Result,
     verify_records,
 )
+from saga.chain import canonical
 from saga.config import Settings
 from saga.domain import TOPIC_PREFIX, run_uuid
-from saga.errors import RunNotFoundError, StoreUnavailableError, first_line
+from saga.errors import DoctoredSnapshotError, RunNotFoundError, StoreUnavailableError, first_line
+from saga.store.application import open_app
 from saga.store.side_tables import Database
 
 _SQLITE_TABLES = ("stored_events", "stored_snapshots")
@@ -151,12 +155,53 @@ def verify_store(settings: Settings, run_ids: Iterable[str] | None = None,
             if wanted:
                 raise RunNotFoundError(wanted[0])
             return []
+        snapshots = _has_table(db, _tables(settings)[1])
         for run_id in _run_ids(db, settings) if wanted is None else wanted:
             records = _read(db, settings, run_id)
             if not records:
                 raise RunNotFoundError(run_id)
-            results.append(verify_records(records, key, heads.get(run_id)))
+            result = verify_records(records, key, heads.get(run_id))
+            if result.ok and snapshots:
+                result = _check_snapshot(settings, result, key)
+            results.append(result)
     return results
+
+
+def _check_snapshot(settings: Settings, result: Result, key: bytes | str | None) -> Result:
+    """A run's latest snapshot against the state its (verified) events produce: an edited
+    snapshot is reported, key or no key, because the state is rebuilt to compare."""
+    if key:
+        settings = replace(settings, audit_key=key.decode() if isinstance(key, bytes) else key)
+    app = open_app(settings)
+    try:
+        if app.snapshots is None:
+            return result
+        uid = _uuid(result.run_id)
+        latest = list(app.snapshots.get(uid, desc=True, limit=1))
+        if not latest:
+            return result
+        snapshot: Any = latest[0]
+        version = snapshot.originator_version
+        try:
+            claimed = snapshot.mutate(None)
+        except DoctoredSnapshotError as e:
+            why = str(e)
+        else:
+            rebuilt = app.rebuild(uid, version)
+            if _comparable(claimed) == _comparable(rebuilt):
+                return result
+            why = (f"the snapshot of run {result.run_id} at version {version} is not the "
+                   "state its events produce")
+    finally:
+        app.close()
+    return replace(result, ok=False, broken_at=version, reason=SNAPSHOT_DOCTORED,
+                   message=f"{SNAPSHOT_DOCTORED}: {why}")
+
+
+def _comparable(run: Any) -> bytes:
+    """A run's state, as canonical JSON, without what a snapshot adds."""
+    state = {k: v for k, v in vars(run).items() if k not in ("_pending_events", "seal")}
+    return canonical(state)
 
 
 # -- export ----------------------------------------------------------------------------

@@ -15,8 +15,9 @@ from typing import Any, ClassVar
 from uuid import uuid4
 
 from eventsourcing.domain import Aggregate
+from eventsourcing.domain import Snapshot as LibrarySnapshot
 
-from saga.chain import CHAIN_FIELDS, GENESIS, event_hash, genesis, link_fields
+from saga.chain import CHAIN_FIELDS, GENESIS, event_hash, genesis, link_fields, seal
 from saga.domain.commands import RunCommands
 from saga.domain.vocabulary import (
     TERMINAL,
@@ -27,6 +28,7 @@ from saga.domain.vocabulary import (
     status_after,
     step_key,
 )
+from saga.errors import DoctoredSnapshotError
 
 _ENVELOPE = ("originator_id", "originator_version", "timestamp", "originator_topic")
 
@@ -70,6 +72,26 @@ class Run(RunCommands, Aggregate):
                                             still_waiting=aggregate.is_waiting)
             aggregate.head_hash = self.link()
             return aggregate
+
+    class Snapshot(LibrarySnapshot):
+        """A snapshot sealed with a digest of its state (an HMAC with the audit key), so
+        an edited snapshot is refused instead of trusted (see :func:`seal`)."""
+
+        TOPIC = "saga.Run.Snapshot"
+
+        @classmethod
+        def take(cls, aggregate: Any) -> Any:
+            snapshot = super().take(aggregate)
+            snapshot.state["seal"] = seal(snapshot.state, Run.audit_key)
+            return snapshot
+
+        def mutate(self, _: None) -> Any:
+            state = dict(self.state)
+            if seal(state, Run.audit_key) != state.get("seal"):
+                raise DoctoredSnapshotError(
+                    f"the snapshot of run {self.originator_id} at version "
+                    f"{self.originator_version} does not match its seal")
+            return super().mutate(_)
 
     class Created(Event, Aggregate.Created):
         TOPIC = "saga.Run.Created"

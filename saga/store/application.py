@@ -8,6 +8,7 @@ the PostgreSQL module when a database URL is configured. Driver errors are turne
 from __future__ import annotations
 
 import contextlib
+import logging
 import sqlite3
 from collections.abc import Iterator
 from typing import Any
@@ -20,12 +21,14 @@ from saga.config import Settings
 from saga.domain import TOPIC_PREFIX, Run, iso, run_uuid
 from saga.errors import (
     ConcurrentWriteError,
+    DoctoredSnapshotError,
     RunNotFoundError,
     StoreUnavailableError,
     first_line,
 )
 from saga.store.side_tables import DDL_LOCK, connect_postgres
 
+log = logging.getLogger("saga.store")
 _ENVELOPE = ("originator_id", "originator_version", "timestamp", "originator_topic",
              "prev_hash", "payload_hash", "mac")
 
@@ -79,6 +82,18 @@ class SagaApplication(Application[UUID]):
                 return self.repository.get(uid, version=version)
             except AggregateNotFoundError:
                 raise RunNotFoundError(str(run_id)) from None
+            except DoctoredSnapshotError as e:  # never act on it: rebuild from the events
+                log.warning("%s; rebuilding run %s from its events", e, run_id)
+                return self.rebuild(uid, version)
+
+    def rebuild(self, run_id: str | UUID, version: int | None = None) -> Run:
+        """The run folded from its events alone, ignoring any snapshot."""
+        run: Run | None = None
+        for event in self.repository.event_store.get(run_uuid(run_id), lte=version):
+            run = event.mutate(run)  # type: ignore[attr-defined]
+        if run is None:
+            raise RunNotFoundError(str(run_id))
+        return run
 
     def save_run(self, run: Run) -> None:
         """Append the run's pending events atomically; the version fence rejects a writer

@@ -539,3 +539,44 @@ def test_a_laundered_redaction_is_caught(settings: Settings, registry: Registry,
     result = only(keyed, run_id)
     broken(result, 1, PAYLOAD_EDITED)
     assert "no retention event records it" in result.message
+
+
+def snapshot_rows(settings: Settings, run_id: str) -> tuple[Database, str, Any]:
+    table = "saga_snapshots" if settings.is_postgres else "stored_snapshots"
+    key: Any = uuid.UUID(run_id) if settings.is_postgres else uuid.UUID(run_id).hex
+    return Database(settings), table, key
+
+
+@pytest.mark.doctored
+@pytest.mark.parametrize("key", [None, "k3y"])
+@pytest.mark.parametrize("reseal", [False, True])
+def test_a_doctored_snapshot_is_never_trusted(settings: Settings, registry: Registry,
+                                              key: str | None, reseal: bool) -> None:
+    """An edited snapshot (the compensation's recorded parameters changed) is refused
+    when the run loads (it is rebuilt from its events) and reported by audit verify, with
+    and without the key, even when the editor recomputed an unkeyed seal."""
+    from saga.chain import seal
+
+    snapshotting = replace(settings, audit_key=key, snapshot_interval=2)
+    with Saga(snapshotting, registry=registry) as s:
+        run_id = record(s)
+        honest = s.get(run_id).steps["a"]["parameters"]
+    db, table, rid = snapshot_rows(snapshotting, run_id)
+    try:
+        row = db.query(f"SELECT originator_version, state FROM {table} WHERE originator_id = ? "
+                       "ORDER BY originator_version DESC", (rid,))[0]
+        state = json.loads(bytes(row["state"]))
+        state["state"]["steps"]["a"]["parameters"] = {"token": "attacker"}
+        if reseal:
+            state["state"]["seal"] = seal(state["state"], None)
+        db.execute(f"UPDATE {table} SET state = ? WHERE originator_id = ? AND "
+                   "originator_version = ?",
+                   (json.dumps(state).encode(), rid, row["originator_version"]))
+    finally:
+        db.close()
+    with Saga(snapshotting, registry=registry) as s:
+        loaded = s.get(run_id)
+        if key or not reseal:
+            assert loaded.steps["a"]["parameters"] == honest  # refused, rebuilt
+    result = only(snapshotting, run_id, key=key)
+    assert (result.ok, result.reason) == (False, audit.SNAPSHOT_DOCTORED), result
