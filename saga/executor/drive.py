@@ -21,7 +21,7 @@ from saga.chain import json_safe
 from saga.composition import Plan
 from saga.composition.definition import RetryPolicy, Step
 from saga.domain import Run, idempotency_key, step_key
-from saga.errors import ExpressionError, LeaseLostError, ToolError
+from saga.errors import ExpressionError, LeaseLostError, SagaError, ToolError
 from saga.executor import nesting
 from saga.scheduler import CompensateStep, Recorded, RunRemedy, StartStep
 from saga.tools import ToolContext
@@ -392,9 +392,25 @@ class Drive:
             return None
         assert self.x.cache is not None and step.tool is not None
         hit = self.x.cache.get(step.tool, action.parameters)
-        if hit is not None:
-            hit["hit"] = True
+        if hit is None or not self._recorded(hit):
+            return None
+        hit["hit"] = True
         return hit
+
+    def _recorded(self, hit: dict[str, Any]) -> bool:
+        """A cache entry is reused only when the run it names recorded that very output
+        (its events are chained): an edited cache row is a miss, never an answer."""
+        try:
+            source = self.x.app.get_run(hit["run_id"])
+        except SagaError:
+            source = None
+        found = source is not None and any(
+            s["step_id"] == hit["step_id"] and s["status"] in ("completed", "compensated")
+            and s["output"] == hit["output"] for s in source.steps.values())
+        if not found:
+            log.warning("ignoring cache entry %s: run %s recorded no such output",
+                        hit.get("key"), hit.get("run_id"))
+        return found
 
     def _remember(self, step: Step, action: StartStep, output: Any) -> None:
         if self._cacheable(step, action):

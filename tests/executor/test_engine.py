@@ -570,6 +570,18 @@ def test_cached_results_are_reused_across_runs_and_recorded_as_hits(saga: Saga) 
     assert "cache" not in other.steps["config"] and len(calls("effect")) == 2
 
 
+@pytest.mark.doctored
+def test_an_edited_cache_row_is_not_reused(saga: Saga) -> None:
+    plan = saga.load(chain({"id": "c", "tool": "effect", "args": {"value": 1}, "cache": 300}))
+    first = saga.run(plan)
+    saga.cache.db.execute("UPDATE saga_cache SET output = ?",
+                          (json.dumps({"step": "c", "value": "poisoned"}),))
+    second = saga.run(plan)
+    assert len(calls("effect")) == 2  # a miss: the tool ran again
+    assert second.steps["c"]["output"] == first.steps["c"]["output"]
+    assert "cache" not in second.steps["c"]
+
+
 def test_an_expired_cache_entry_is_not_used(saga: Saga) -> None:
     plan = saga.load(chain({"id": "c", "tool": "effect", "args": {"value": 1}, "cache": 300}))
     saga.run(plan)
