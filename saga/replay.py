@@ -73,10 +73,10 @@ def _check(plan: Plan, run: Run, event: Any) -> Divergence | None:
 
 def _check_failure(plan: Plan, run: Run, event: Any) -> Divergence | None:
     state = run.step(step_key(event.step_id, event.iteration))
-    if event.error_type == "Interrupted":
+    if event.error_type in ("Interrupted", "Quarantined"):
         interrupted = scheduler.interrupted(plan, run)
-        if any(a.step_id == event.step_id and (a.retry_at is not None) == event.retryable
-               for a in interrupted):
+        if any(a.step_id == event.step_id and a.error_type == event.error_type
+               and (a.retry_at is not None) == event.retryable for a in interrupted):
             return None
         return Divergence(event.originator_version, "StepFailed", _payload(event),
                           [a.describe() for a in interrupted])

@@ -40,6 +40,7 @@ class _Followed:
     retries: dict[str, str] = field(default_factory=dict)  # step key -> next retry time
     nudged: bool = True  # something happened that a driver should look at
     deadline: str | None = None  # when the run times out, if it has a timeout
+    takeovers: int = 0  # attempts of it a dead worker left behind: a suspect if above 0
 
 
 @dataclass
@@ -93,6 +94,8 @@ class RunIndex:
                 run.waits[key] = payload.get("until")
             elif kind == "StepFailed" and payload.get("next_retry_at"):
                 run.retries[key] = str(payload["next_retry_at"])
+            if kind == "StepFailed" and payload.get("error_type") == "Interrupted":
+                run.takeovers += 1
         elif kind in ("RunRetried", "CompensationStarted"):
             run.retries.clear()
         run.status = status_after(kind, run.status,
@@ -196,8 +199,11 @@ class Worker:
                     active.pop(run_id)
             claimed = 0
             for run_id in self.index.runnable():
-                if len(active) >= self.concurrency:
+                if len(active) >= self.concurrency or any(self._suspect(r) for r in active):
                     break
+                if self._suspect(run_id) and active:
+                    continue  # a run its workers died under is driven alone: if it kills
+                    # this worker too, no innocent run dies with it and counts a takeover
                 if run_id in active or not leases.claim(run_id, self.worker_id,
                                                         self.lease_seconds):
                     continue
@@ -215,6 +221,10 @@ class Worker:
         for task in active.values():
             task.cancel()
         return self.driven
+
+    def _suspect(self, run_id: str) -> bool:
+        followed = self.index.runs.get(run_id)
+        return followed is not None and followed.takeovers > 0
 
     async def _drive(self, run_id: str) -> None:
         lease = self.leases.lease(run_id, self.worker_id, self.lease_seconds)

@@ -46,6 +46,7 @@ class Run(RunCommands, Aggregate):
     audit_key: ClassVar[bytes | None] = None
     #: Defaults for state added since runs were first recorded (an older snapshot lacks it).
     paused = False
+    takeovers = 0  # attempts a dead worker left behind, over the run's life
     timed_out: str | None = None
 
     class Event(Aggregate.Event):
@@ -243,6 +244,8 @@ class Run(RunCommands, Aggregate):
                      error={"type": self.error_type, "message": self.message},
                      finished_at=iso(self.timestamp), retryable=self.retryable)
             s["duration_ms"] = ms_between(s["started_at"], s["finished_at"])
+            if self.error_type == "Interrupted":  # a driver died with this attempt in hand
+                aggregate.takeovers = aggregate.takeovers + 1
 
     class StepSkipped(Event):
         """A step did not run: its condition was false, or what it needs did not happen."""

@@ -86,10 +86,15 @@ def interrupted(plan: Plan, run: Run) -> list[FailStep]:
     ``compensate`` fail it for good (the latter also undoing the step itself, since its
     effect may have happened).
     """
-    actions = []
-    for state in run.steps.values():
-        if state["status"] != "running" or is_loop_parent(plan, state) or state.get("wait"):
-            continue  # a recorded wait is not an attempt in flight: it outlives any worker
+    actions: list[FailStep] = []
+    left = [s for s in run.steps.values() if s["status"] == "running"
+            and not is_loop_parent(plan, s) and not s.get("wait")]  # a wait outlives workers
+    if left and run.takeovers + 1 >= QUARANTINE_AFTER:
+        # Workers keep dying under this run: stop feeding it workers, whatever step.
+        return [FailStep(s["step_id"], s["iteration"], s["attempt"], "Quarantined",
+                         f"quarantined: the workers driving this run died "
+                         f"{run.takeovers + 1} times") for s in left]
+    for state in left:
         step = plan.step(state["step_id"])
         again = (step.idempotent or step.on_interrupt == "retry") \
             and state["attempt"] < interrupt_attempts(plan, step)
@@ -97,6 +102,12 @@ def interrupted(plan: Plan, run: Run) -> list[FailStep]:
                                 "Interrupted", "the worker running this attempt stopped",
                                 retry_at=state["attempt_started_at"] if again else None))
     return actions
+
+
+#: Takeovers (a worker died with an attempt of the run in hand) after which the run is
+#: quarantined: failed with ``Quarantined`` and undone, so one poison run cannot take
+#: worker after worker down.
+QUARANTINE_AFTER = 3
 
 
 #: Attempts a step without a retry policy gets when its worker keeps dying under it.

@@ -56,3 +56,28 @@ def test_a_tool_that_kills_its_worker_stops_after_max_attempts(settings: Setting
     assert final.steps["k"]["attempt"] == 2
     assert final.error is not None and final.error["type"] == "Interrupted"
     assert len(log.read_text(encoding="utf-8").splitlines()) == 2
+
+
+def test_a_poison_run_is_quarantined_and_the_others_complete(settings: Settings, saga: Saga,
+                                                              tmp_path: Path) -> None:
+    """A run whose tool kills every worker that drives it (with attempts to spare) is
+    quarantined after three takeovers; the runs beside it all complete."""
+    log = tmp_path / "calls.jsonl"
+    poison = saga.submit(saga.load({"name": "poison", "steps": [
+        {"id": "k", "tool": "suicide", "retry": {"max_attempts": 10, "delay": 0.01}}]}))
+    normal = [saga.submit(saga.load({"name": "fine", "steps": [
+        {"id": "a", "tool": "noop"}]})) for _ in range(5)]
+    env = store_env(settings) | {"SAGA_TEST_CALL_LOG": str(log)}
+    for _ in range(5):
+        subprocess.run([sys.executable, "-m", "saga.cli", "worker", "--until-idle", "--tools",
+                        "tests.standins.standins", "--poll", "0.05", "--lease", str(LEASE)],
+                       cwd=ROOT, env=env, capture_output=True, timeout=60, check=False)
+        time.sleep(LEASE)
+    recover(saga)
+    quarantined = saga.get(poison.run_id)
+    assert quarantined.status == "failed"
+    assert quarantined.error is not None and quarantined.error["type"] == "Quarantined"
+    assert quarantined.takeovers == 2  # the third takeover quarantined it
+    assert len(log.read_text(encoding="utf-8").splitlines()) == 3
+    assert all(saga.get(r.run_id).status == "completed" for r in normal)
+    assert [r["run_id"] for r in saga.list_runs(status="failed")] == [poison.run_id]
