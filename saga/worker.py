@@ -82,8 +82,12 @@ class RunIndex:
             run.deadline = None
         if kind == "ApprovalRequested":
             run.approvals += 1
+            until = _payload(state).get("until")
+            if until:  # a confirmation with a timeout: its default applies then
+                run.waits["approval:" + str(_payload(state).get("step_id"))] = str(until)
         elif kind in DECISIONS:
             run.approvals -= 1
+            run.waits.pop("approval:" + str(_payload(state).get("step_id")), None)
         elif kind in ("StepWaiting", "StepFailed", "StepStarted", "StepCompleted",
                       "StepSkipped"):
             payload = _payload(state)

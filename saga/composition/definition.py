@@ -261,6 +261,16 @@ class Confirmation(_Model):
     step: str
     message: str | None = None
     default: bool = True
+    timeout: float | str | None = Field(default=None, description="seconds, or '1h': then "
+                                                                  "`default` is applied")
+
+    @field_validator("timeout")
+    @classmethod
+    def _timeout_duration(cls, value: float | str | None) -> float | str | None:
+        if value is not None and not parse_duration(value):
+            raise ValueError("must be a positive number of seconds or a duration such as "
+                             "'90s', '10m', '1h'")
+        return value
 
 
 class Definition(_Model):

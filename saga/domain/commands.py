@@ -76,9 +76,10 @@ class RunCommands:
         self.trigger_event(self.RemedyApplied, step_id=step_id, iteration=iteration,
                            index=index, ok=ok, output=output, error=error)
 
-    def request_approval(self, step_id: str, message: str) -> None:
-        """Record that a step waits for a decision."""
-        self.trigger_event(self.ApprovalRequested, step_id=step_id, message=message)
+    def request_approval(self, step_id: str, message: str, until: str | None = None) -> None:
+        """Record that a step waits for a decision (until ``until``, if it times out)."""
+        self.trigger_event(self.ApprovalRequested, step_id=step_id, message=message,
+                           until=until)
 
     def decide_approval(self, step_id: str, approved: bool, actor: str,
                         comment: str | None = None) -> None:

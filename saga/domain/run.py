@@ -300,10 +300,12 @@ class Run(RunCommands, Aggregate):
         TOPIC = "saga.ApprovalRequested"
         step_id: str
         message: str
+        until: str | None = None  # when the confirmation's default applies, if it has one
 
         def apply(self, aggregate: Any) -> None:
             aggregate.approvals[self.step_id] = {"status": "requested", "message": self.message,
-                                                 "requested_at": iso(self.timestamp)}
+                                                 "requested_at": iso(self.timestamp),
+                                                 "until": self.until}
 
     class ApprovalGranted(Event):
         """Someone approved a waiting step."""

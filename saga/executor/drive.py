@@ -23,7 +23,7 @@ from saga.composition.definition import RetryPolicy, Step
 from saga.domain import Run, idempotency_key, step_key
 from saga.errors import ExpressionError, LeaseLostError, SagaError, ToolError
 from saga.executor import nesting
-from saga.scheduler import CompensateStep, Recorded, RunRemedy, StartStep
+from saga.scheduler import CompensateStep, Recorded, RequestApproval, RunRemedy, StartStep
 from saga.tools import ToolContext
 
 if TYPE_CHECKING:
@@ -164,6 +164,12 @@ class Drive:
             return self._start(action)
         if isinstance(action, CompensateStep):
             return self._compensate(action)
+        if isinstance(action, RequestApproval):
+            limit = scheduler.confirmation_timeout(self.plan, action.step_id)
+            until = None if limit is None else \
+                (self.x.clock() + timedelta(seconds=limit[0])).isoformat()
+            self.run.request_approval(action.step_id, action.message, until)
+            return None
         if isinstance(action, RunRemedy):
             marker = ("remedy", action.step_id, action.iteration, action.index)
             if marker not in self.remedies:
@@ -211,6 +217,19 @@ class Drive:
             if left <= self.x.hold and "deadline" not in self.wakes:
                 self.wakes.add("deadline")
                 launches.append(("wake", ("deadline", left)))
+        for step_id, approval in self.run.approvals.items():
+            if approval["status"] != "requested" or not approval.get("until"):
+                continue
+            left = (datetime.fromisoformat(approval["until"]) - now).total_seconds()
+            limit = scheduler.confirmation_timeout(self.plan, step_id)
+            if left <= 0:  # nobody decided in time: the confirmation's default applies
+                default = limit[1] if limit is not None else False
+                self.run.decide_approval(step_id, default, "timeout",
+                                         f"no decision by {approval['until']}: the default "
+                                         f"({'approve' if default else 'reject'}) applies")
+            elif left <= self.x.hold and f"approval:{step_id}" not in self.wakes:
+                self.wakes.add(f"approval:{step_id}")
+                launches.append(("wake", (f"approval:{step_id}", left)))
         for key, wait in self.run.waits.items():
             if wait["until"] is None:
                 continue

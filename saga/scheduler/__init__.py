@@ -38,12 +38,13 @@ from saga.scheduler.policy import (
     retry_decision,
     retry_pending,
 )
-from saga.scheduler.step_list import confirmation_message, layer_report
+from saga.scheduler.step_list import confirmation_message, confirmation_timeout, layer_report
 
 __all__ = [
     "Action", "CompensateStep", "CompleteStep", "FailStep", "FinishRun", "Recorded",
     "RequestApproval", "RunRemedy", "SkipStep", "StartCompensation", "StartLoop", "StartStep",
-    "compensation_order", "confirmation_message", "decide", "heal_decision", "interrupted",
+    "compensation_order", "confirmation_message", "confirmation_timeout", "decide",
+    "heal_decision", "interrupted",
     "is_loop_parent", "layer_report", "max_attempts", "namespace", "retry_decision",
     "retry_pending",
 ]

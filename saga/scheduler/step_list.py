@@ -13,7 +13,7 @@ from typing import Any
 
 from saga import expressions
 from saga.composition import Plan
-from saga.composition.definition import Step
+from saga.composition.definition import Step, parse_duration
 from saga.domain import Run, child_run_id, ms_between, step_key
 from saga.errors import ExpressionError
 from saga.scheduler.actions import (
@@ -322,6 +322,16 @@ def _approval(view: _View, step: Step) -> Action | bool | None:
         return FailStep(step.id, 0, 1, "ApprovalRejected",
                         f"rejected by {decision['actor']}{comment}")
     return True
+
+
+def confirmation_timeout(plan: Plan, step_id: str) -> tuple[float, bool] | None:
+    """(seconds, default) of a confirmation with a timeout: when the seconds pass with no
+    decision, ``default`` is applied (True approves, False rejects)."""
+    for confirmation in plan.definition.confirmations:
+        if confirmation.step == step_id and confirmation.timeout is not None:
+            seconds = parse_duration(confirmation.timeout)
+            return (seconds, confirmation.default) if seconds else None
+    return None
 
 
 def confirmation_message(plan: Plan, step: Step) -> str | None:

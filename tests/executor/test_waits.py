@@ -130,3 +130,23 @@ def test_a_timeout_cuts_an_attempt_in_flight_short(lite: Saga) -> None:
     assert run.status == "failed"
     assert run.steps["s"]["error"]["type"] == "RunTimeout"
     assert run.error["type"] == "RunTimeout"
+
+
+@pytest.mark.parametrize(("default", "status"), [(True, "completed"), (False, "failed")])
+def test_a_confirmation_timeout_applies_its_default(saga: Saga, default: bool,
+                                                    status: str) -> None:
+    """Seed 002's confirmations[].default, applied when nobody decides in time, by any
+    worker (the wait holds none)."""
+    flow = {"name": "confirm", "steps": [{"id": "ship", "tool": "noop"}],
+            "confirmations": [{"step": "ship", "message": "Ship it?", "default": default,
+                               "timeout": "2s"}]}
+    run = saga.submit(saga.load(flow))
+    drain(saga)
+    waiting = saga.get(run.run_id)
+    assert waiting.status == "waiting"
+    until_ = datetime.fromisoformat(waiting.approvals["ship"]["until"])
+    time.sleep(max((until_ - datetime.now(UTC)).total_seconds(), 0))
+    drain(saga)
+    done = saga.get(run.run_id)
+    assert done.status == status
+    assert done.approvals["ship"]["actor"] == "timeout"
