@@ -157,10 +157,12 @@ def _trail(row: dict[str, Any], events: list[dict[str, Any]]) -> tuple[list[Any]
 
 def build_report(saga: Saga, *, since: str | None = None, until: str | None = None,
                  definition: str | None = None, actor: str | None = None,
-                 status: str | None = None, now: datetime | None = None) -> Report:
+                 status: str | None = None, now: datetime | None = None,
+                 labels: dict[str, str] | None = None) -> Report:
     """The compliance report of the runs that started in ``[since, until)`` (dates or ISO
     times, UTC when naive) and match ``definition`` (its name), ``status`` and ``actor``
-    (who started the run, or approved, rejected, cancelled, retried or asked to undo it).
+    (who started the run, or approved, rejected, cancelled, retried or asked to undo it),
+    and carry every one of ``labels``.
 
     ``now`` is the time the report says it was generated (default: now). Raises
     ValueError on a bad bound or status; store errors propagate, because a report from a
@@ -171,9 +173,12 @@ def build_report(saga: Saga, *, since: str | None = None, until: str | None = No
     lo, hi = parse_moment(since, "since"), parse_moment(until, "until")
     projection = saga.projection
     projection.catch_up()
-    rows = [r for r in projection.runs(status=status, limit=None, since=lo)
+    wanted = dict(labels or {})
+    rows = [r for r in projection.runs(status=status, limit=None, since=lo, labels=wanted)
             if (hi is None or (r["started_at"] or "") < hi)
-            and (definition is None or r["definition_name"] == definition)]
+            and (definition is None or r["definition_name"] == definition)
+            and all(json.loads(r.get("labels") or "{}").get(k) == v
+                    for k, v in wanted.items())]
     rows.reverse()  # oldest first: the report reads as a chronicle
     notes: list[str] = []
     kept: list[tuple[dict[str, Any], list[Any], list[Any]]] = []
@@ -248,7 +253,9 @@ def build_report(saga: Saga, *, since: str | None = None, until: str | None = No
     return Report(
         generated_at=_utc(now or datetime.now(UTC)),
         filters={"since": lo, "until": hi, "definition": definition, "actor": actor,
-                 "status": status},
+                 "status": status, **({"labels": ", ".join(f"{k}={v}" for k, v in
+                                                            sorted(wanted.items()))}
+                                       if wanted else {})},
         totals=totals, summary=summary,
         failed_steps=[{"definition": d, "step_id": s, "count": n} for (d, s), n in top],
         durations={"overall": _stats(every),

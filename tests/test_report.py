@@ -353,3 +353,13 @@ def test_a_doctored_run_is_reported_broken(saga: Saga, settings: Settings) -> No
     assert (verdicts[intact]["verdict"], verdicts[intact]["redacted"]) == ("OK", 6)
     assert report.summary["redacted_events"] == 6 and report.summary["broken"] == 1
     assert report.compensations[0]["run_id"] == intact  # its events still read
+
+
+def test_the_report_filters_by_label(saga: Saga) -> None:
+    from saga.report import build_report
+
+    flow = {"name": "labelled", "steps": [{"id": "a", "tool": "noop"}]}
+    mine = saga.run(saga.load(flow), labels={"team": "payments"})
+    saga.run(saga.load(flow), labels={"team": "search"})
+    report = build_report(saga, labels={"team": "payments"})
+    assert [r["run_id"] for r in report.runs] == [mine.run_id]

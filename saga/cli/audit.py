@@ -14,6 +14,7 @@ from saga.cli.app import (
     json_option,
     main,
 )
+from saga.cli.runs import _labels
 from saga.config import load_settings
 from saga.domain import RUN_STATUSES
 from saga.report import build_report, parse_moment, render
@@ -90,11 +91,18 @@ def export(run_id: str, fmt: str) -> None:
                                       "row per run.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True),
               help="Write the report to FILE instead of standard output.")
+@click.option("--label", "label_pairs", multiple=True, metavar="KEY=VALUE",
+              help="Only runs with this label (repeatable: all must match).")
 def report_command(since: str | None, until: str | None, definition: str | None,
                    actor: str | None, status_filter: str | None, fmt: str,
-                   output: str | None) -> None:
+                   output: str | None, label_pairs: tuple[str, ...]) -> None:
     """A compliance report: outcomes, failures, compensations, durations, who did what, and
-    whether each run's audit chain verifies."""
+    whether each run's audit chain verifies.
+
+    \b
+    Example:
+      saga report --since 2026-11-01 --label team=payments --format html -o report.html
+    """
 
     for name, value in (("--since", since), ("--until", until)):
         try:  # checked here so a bad bound is a usage error (exit 2), not a failure
@@ -103,7 +111,7 @@ def report_command(since: str | None, until: str | None, definition: str | None,
             raise click.UsageError(str(e)) from None
     with _saga() as saga:
         built = build_report(saga, since=since, until=until, definition=definition,
-                             actor=actor, status=status_filter)
+                             actor=actor, status=status_filter, labels=_labels(label_pairs))
     text = render(built, fmt)
     if output is None:
         click.echo(text, nl=False)
