@@ -3,10 +3,10 @@
 :mod:`~saga.cli.app` is the group, its shared options and its one error handler; the
 commands live in :mod:`~saga.cli.runs`, :mod:`~saga.cli.templates`,
 :mod:`~saga.cli.audit` and :mod:`~saga.cli.admin`, and :mod:`~saga.cli.render` shows
-what they print.
+what they print. A command's module loads when the command runs (see
+:data:`saga.cli.app.COMMANDS`), so ``saga --help`` does not load the engine.
 """
 
-from saga.cli import admin, audit, runs, templates
 from saga.cli.app import main
 
-__all__ = ["admin", "audit", "main", "runs", "templates"]
+__all__ = ["main"]

@@ -9,20 +9,101 @@ another definition or inputs. Errors print one line on stderr;
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from saga.api import Saga
 from saga.config import load_settings
 from saga.errors import SagaError
+
+if TYPE_CHECKING:
+    from saga.api import Saga
+
+
+#: Each command, the module that defines it and its one-line help: ``saga --help`` and
+#: ``saga --version`` list them without importing the engine (tests/cli/test_startup.py
+#: keeps this table equal to the commands' own help).
+COMMANDS: dict[str, tuple[str, str]] = {
+    'approve': ('saga.cli.runs',
+                 'Approve a step that waits for confirmation.'),
+    'audit': ('saga.cli.audit',
+               "Tamper checks on the event log: each run's hash chain (and macs, with a key)."),
+    'cancel': ('saga.cli.runs',
+                'Cancel an unfinished run: undo its completed steps, record who; or, with...'),
+    'compensate': ('saga.cli.runs',
+                    "Undo a run's completed steps, in reverse completion order."),
+    'db': ('saga.cli.admin',
+            "The store's tables."),
+    'export': ('saga.cli.audit',
+                "Print a run's complete, verifiable history (check it with saga audit verify..."),
+    'graph': ('saga.cli.runs',
+               'Draw a composition FILE, or a RUN with its steps coloured by status.'),
+    'history': ('saga.cli.runs',
+                 'Print every event of a run, in order.'),
+    'list': ('saga.cli.runs',
+              'List runs, newest first, from the read model (caught up first).'),
+    'pause': ('saga.cli.runs',
+               'Pause a run: no new step starts, attempts in flight finish.'),
+    'projection': ('saga.cli.admin',
+                    'The read model: tables saga_runs and saga_steps, maintained from the log.'),
+    'reject': ('saga.cli.runs',
+                'Reject a step that waits for confirmation (it fails and follows its on_error).'),
+    'replay': ('saga.cli.runs',
+                "Replay a run's history: verify its decisions, or show it at a point in time."),
+    'report': ('saga.cli.audit',
+                'A compliance report: outcomes, failures, compensations, durations, who did...'),
+    'resume': ('saga.cli.runs',
+                'Continue an unfinished run here (after an approval, or when it was...'),
+    'retention': ('saga.cli.audit',
+                   'Remove user data from old finished runs, keeping their audit chains...'),
+    'retry': ('saga.cli.runs',
+               'Redrive a failed run from its failed steps, keeping completed work; or,...'),
+    'run': ('saga.cli.runs',
+             "Start a run of FILE (a file or a template's name) and drive it here until..."),
+    'schedule': ('saga.cli.admin',
+                  'Compositions started on a cron expression or every N seconds, fired by...'),
+    'signal': ('saga.cli.runs',
+                'Send the signal NAME to a run: the first step waiting for it continues with...'),
+    'status': ('saga.cli.runs',
+                "Show a run's status and its steps (read from the run's own history)."),
+    'submit': ('saga.cli.runs',
+                'Record a run of FILE without executing it; a worker will pick it up.'),
+    'templates': ('saga.cli.templates',
+                   'Ready compositions in templates/ (and the folders in SAGA_TEMPLATES).'),
+    'tools': ('saga.cli.templates',
+               'List the available tools.'),
+    'unpause': ('saga.cli.runs',
+                 'Let a paused run go on (a worker continues it).'),
+    'validate': ('saga.cli.runs',
+                  'Check a composition; print its execution levels and critical path.'),
+    'worker': ('saga.cli.admin',
+                'Claim runnable runs and drive them (new, interrupted, approved, redriven).'),
+}
 
 
 class _Group(click.Group):
     """The ``saga`` group: the ONE place an error becomes a line on stderr and an exit code
-    (each :class:`SagaError` carries its own; anything else is 1)."""
+    (each :class:`SagaError` carries its own; anything else is 1); and it loads a
+    command's module only when that command runs, so ``--help`` starts fast."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(self.commands) | set(COMMANDS))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            importlib.import_module(COMMANDS[cmd_name][0])  # its commands register here
+        return self.commands.get(cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][1] if name in COMMANDS else
+                 (self.commands[name].get_short_help_str(limit=formatter.width)))
+                for name in self.list_commands(ctx)]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -44,7 +125,9 @@ class _Group(click.Group):
 
 
 def _saga(tools: tuple[str, ...] = ()) -> Saga:
-    return Saga(load_settings(), tools=tools)
+    api = importlib.import_module("saga.api")  # the engine loads when a command needs it
+    saga: Saga = api.Saga(load_settings(), tools=tools)
+    return saga
 
 
 def _emit_json(value: Any) -> None:
