@@ -427,7 +427,7 @@ class Saga:
 
     def events(self, run_id: str) -> list[Any]:
         """The run's domain events, in order."""
-        return self.app.domain_events(run_id)
+        return self.app.domain_events(self.resolve(run_id))
 
     def verify(self, run_id: str) -> Divergence | None:
         """Replay the run's history through the current scheduler; the first divergence."""
@@ -465,8 +465,29 @@ class Saga:
                       tick=self.fire_schedules, **kwargs)
 
     def get(self, run_id: str, version: int | None = None) -> Run:
-        """The run as recorded."""
-        return self.app.get_run(run_id, version)
+        """The run as recorded (``run_id`` may be a unique prefix of its id)."""
+        return self.app.get_run(self.resolve(run_id), version)
+
+    def resolve(self, run_id: str) -> str:
+        """A run's id from its id, its name, or a unique prefix of either (at least 4
+        characters, as git takes short hashes); RunNotFoundError when none or several
+        runs match."""
+        try:
+            self.app.get_run(run_id)
+            return run_id
+        except RunNotFoundError:
+            if len(run_id) < 4:
+                raise
+        try:
+            self.projection.catch_up()
+        except Exception as e:  # a prefix is a convenience: a busy read model only limits it
+            log.warning("the read model could not catch up: %s", e)
+        matches = self.projection.ids_starting(run_id)
+        if len(matches) == 1:
+            return matches[0]
+        if matches:
+            raise RunNotFoundError(f"{run_id} (ambiguous: {', '.join(matches[:3])}...)")
+        raise RunNotFoundError(run_id)
 
     def status(self, run_id: str) -> dict[str, Any]:
         """The run's state as a JSON object, with its child runs (nested compositions)."""
@@ -491,7 +512,7 @@ class Saga:
 
     def history(self, run_id: str) -> list[dict[str, Any]]:
         """The run's events in order."""
-        return self.app.history(run_id)
+        return self.app.history(self.resolve(run_id))
 
     @property
     def projection(self) -> Projection:

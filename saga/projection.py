@@ -289,6 +289,14 @@ class Projection:
             args.append(limit)
         return self._db.query(text, args)
 
+    def ids_starting(self, prefix: str, limit: int = 4) -> list[str]:
+        """Run ids (or the names callers chose) that start with ``prefix``."""
+        self._ensure()
+        like = prefix.replace("%", "_") + "%"
+        rows = self._db.query("SELECT run_id, run_name FROM saga_runs WHERE run_id LIKE ? "
+                              "OR run_name LIKE ? ORDER BY run_id LIMIT ?", (like, like, limit))
+        return [r["run_name"] or r["run_id"] for r in rows]
+
     def steps(self, run_id: str) -> list[dict[str, Any]]:
         """The run's step executions in the order they started (never-started last)."""
         self._ensure()

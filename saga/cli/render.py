@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
+import time
+from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -11,7 +13,7 @@ import click
 from saga.cli.app import (
     _emit_json,
 )
-from saga.domain import Run
+from saga.domain import Run, iso
 from saga.views import run_summary
 
 _STATUS_STYLE = {"completed": "green", "running": "cyan", "failed": "red", "skipped": "dim",
@@ -111,35 +113,76 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
 
 class _Progress:
-    """Live progress on a terminal; silent otherwise (the summary follows either way)."""
+    """What a run shows while it runs. On a terminal: the run id first, then a live table
+    of its steps with the elapsed time, a step waiting for its retry as ``retrying in 4s``.
+    Off a terminal (CI, cron): one line per recorded event, as it happens. On Ctrl-C: how
+    to resume or cancel. ``enabled`` False (``--json``) shows nothing."""
 
     def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled and sys.stdout.isatty()
+        self.enabled = enabled
+        self.live = enabled and sys.stdout.isatty()
         self._live: Any = None
+        self._started = time.monotonic()
+        self.run_id: str | None = None
 
     def __enter__(self) -> _Progress:
-        if self.enabled:
+        if self.live:
             from rich.live import Live
 
             self._live = Live(refresh_per_second=8, transient=True)
             self._live.__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
         if self._live is not None:
             self._live.__exit__(None, None, None)
+        if kind is KeyboardInterrupt and self.run_id:
+            click.echo(f"\ninterrupted: run {self.run_id} is recorded and can go on: "
+                       f"saga resume {self.run_id} (or a worker), or undo it: saga cancel "
+                       f"{self.run_id}", err=True)
 
     def update(self, run: Run, events: list[Any]) -> None:
-        """Redraw the step table after each commit."""
+        """Show what the commit that just happened recorded."""
+        if not self.enabled:
+            return
+        if self.run_id is None:
+            self.run_id = run.run_id
+            click.echo(f"run {run.run_id} ({run.name})", err=not self.live)
         if self._live is None:
+            for e in events:  # one line per event, for logs that are not a terminal
+                click.echo(f"{iso(e.timestamp)} {run.run_id} {type(e).__name__} "
+                           f"{_brief_event(e)}".rstrip())
             return
         from rich.table import Table
 
-        table = Table(title=f"{run.name} — {run.status}", box=None)
+        elapsed = time.monotonic() - self._started
+        table = Table(title=f"{run.name} — {run.status} — {elapsed:.1f}s", box=None)
         table.add_column("step")
         table.add_column("status")
         table.add_column("attempt")
+        now = datetime.now(UTC)
         for key, s in run.steps.items():
             st = s["status"]
-            table.add_row(key, f"[{_STATUS_STYLE.get(st, '')}]{st}[/]", str(s["attempt"]))
+            shown = f"[{_STATUS_STYLE.get(st, '')}]{st}[/]"
+            if st == "failed" and s.get("retry_at"):
+                left = max((datetime.fromisoformat(s["retry_at"]) - now).total_seconds(), 0)
+                shown = f"[yellow]retrying in {left:.0f}s[/]"
+            elif st == "running" and s.get("wait"):
+                shown = "[yellow]waiting[/]"
+            table.add_row(key, shown, str(s["attempt"]))
         self._live.update(table)
+
+
+def _brief_event(e: Any) -> str:
+    parts = []
+    step = getattr(e, "step_id", None)
+    if step:
+        iteration = getattr(e, "iteration", 0)
+        parts.append(step + (f"[{iteration}]" if iteration else ""))
+    for key in ("attempt", "error_type", "message", "reason"):
+        value = getattr(e, key, None)
+        if value not in (None, ""):
+            parts.append(f"{key}={str(value)[:120]}")
+    if getattr(e, "next_retry_at", None):
+        parts.append(f"retry at {e.next_retry_at}")
+    return " ".join(parts)

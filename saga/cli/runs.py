@@ -68,15 +68,17 @@ def _parse_inputs(pairs: tuple[str, ...], inputs_file: str | None,
     if inputs_file:
         try:
             data = parse_text(Path(inputs_file).read_text(encoding="utf-8"), inputs_file)
+        except UnicodeDecodeError as e:
+            raise InputError([Problem("--inputs-file", f"not UTF-8 text: {e.reason}")]) from e
         except OSError as e:
             raise InputError([Problem("--inputs-file", f"cannot read: {e.strerror}")]) from e
         except DefinitionError as e:
             raise InputError([Problem("--inputs-file", "must be a JSON/YAML mapping")]) from e
         given.update(data)
     for pair in pairs:
-        if "=" not in pair:
-            raise InputError([Problem("--input", f"{pair!r} is not KEY=VALUE")])
-        key, value = pair.split("=", 1)
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise InputError([Problem("--input", f"{pair!r} is not KEY=VALUE (with a name)")])
         given[key] = coerce_text(plan_inputs.get(key), value)
     return given
 

@@ -992,3 +992,24 @@ def test_dry_run_never_prints_a_secret_input(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "hunter2-s3cret" not in result.output
     assert "token" in json.loads(result.output)["inputs"]
+
+
+def test_off_a_terminal_run_prints_one_line_per_event(cli: Cli) -> None:
+    result = cli("run", cli.files["diamond.yaml"])
+    assert result.exit_code == 0, describe(result)
+    lines = [line for line in result.stdout.splitlines() if " RunStarted" in line
+             or " StepCompleted " in line or " RunCompleted" in line]
+    assert lines[0].split()[2] == "RunStarted" and lines[-1].split()[2] == "RunCompleted"
+    assert len({line.split()[1] for line in lines}) == 1  # every line names the run
+
+
+def test_an_input_with_no_name_is_a_usage_error(cli: Cli) -> None:
+    for bad in ("=", "=x", "noequals"):
+        result = cli("run", cli.files["diamond.yaml"], "--input", bad)
+        assert result.exit_code == 2, describe(result)
+
+
+def test_a_run_id_may_be_given_by_a_unique_prefix(cli: Cli) -> None:
+    run_id = cli.run("diamond.yaml")["run_id"]
+    assert cli.json("status", run_id[:8])["run_id"] == run_id
+    assert cli("status", "zzzzzzzz").exit_code == 4
