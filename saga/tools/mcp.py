@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import importlib.util
 import json
 import tempfile
 import threading
@@ -104,6 +105,9 @@ def server_configs(config: Mapping[str, Any]) -> list[ServerConfig]:
             env=tuple(sorted((str(k), str(v)) for k, v in env.items())) if env else None,
             cwd=str(table["cwd"]) if table.get("cwd") else None,
             startup_timeout=startup, timeout=timeout))
+    if out and importlib.util.find_spec("mcp") is None:
+        raise ConfigError("saga.toml declares MCP servers, and the MCP tools need the mcp "
+                          "extra: pip install 'saga[mcp]'")
     return out
 
 
