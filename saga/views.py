@@ -48,7 +48,7 @@ def run_summary(run: Run, steps: bool = True) -> dict[str, Any]:
         "error": run.error,
         "failed_step": run.failed_step,
     }
-    if run.pending_approvals:
+    if run.pending_approvals and not run.is_finished:  # a finished run waits for nobody
         out["waiting_for"] = run.pending_approvals
     if steps:
         out["inputs"] = run.inputs

@@ -160,7 +160,8 @@ def _schedule_command(name: str, doc: str) -> None:
             click.echo(f"schedule {schedule_name} removed")
         else:
             changed = schedules.set_paused(schedule_name, name == "pause")
-            click.echo(f"schedule {schedule_name} {name}d; next run at {changed.next_due}")
+            done = {"pause": "paused", "resume": "resumed"}[name]
+            click.echo(f"schedule {schedule_name} {done}; next run at {changed.next_due}")
 
 
 _schedule_command("remove", "Remove a schedule (the runs it started are kept).")

@@ -385,7 +385,8 @@ def _decision_command(name: str, approved: bool, doc: str) -> None:
         s = _saga()
         decide = s.approve if approved else s.reject
         run = decide(run_id, step_id, actor=actor, comment=comment)
-        click.echo(f"{step_id} {name}d on run {run.run_id}; continue it with: "
+        done = {"approve": "approved", "reject": "rejected"}[name]
+        click.echo(f"{step_id} {done} on run {run.run_id}; continue it with: "
                    f"saga resume {run.run_id}")
 
 

@@ -46,6 +46,38 @@ def parse_duration(value: float | str) -> float | None:
     return float(match.group(1)) * _UNITS[match.group(2)] if match else None
 
 
+#: The longest input text a ``pattern`` is matched against.
+MAX_PATTERN_INPUT = 10_000
+
+
+def _nested_quantifier(pattern: str) -> bool:
+    """True when a repeated group holds a repetition or an alternation: the shape of the
+    patterns whose backtracking explodes (``(a+)+``, ``(a|aa)*``, ``(\\w+\\s?)*``)."""
+    stack: list[bool] = []  # per open group: does it contain a quantifier or "|"?
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "[":  # a character class: skip to its end
+            i += 2 if pattern[i + 1:i + 2] == "]" else 1
+            while i < n and pattern[i] != "]":
+                i += 2 if pattern[i] == "\\" else 1
+        elif c == "(":
+            stack.append(False)
+        elif c == ")" and stack:
+            risky = stack.pop()
+            if risky and pattern[i + 1:i + 2] in ("*", "+", "{"):
+                return True
+            if stack:
+                stack[-1] = stack[-1] or risky
+        elif c in "*+{|?" and stack and c != "?":
+            stack[-1] = True
+        i += 1
+    return False
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
 
@@ -74,6 +106,10 @@ class InputSpec(_Model):
                 re.compile(value)
             except re.error as e:
                 raise ValueError(f"pattern does not compile: {e}") from e
+            if _nested_quantifier(value):
+                raise ValueError("pattern repeats a group that itself repeats or "
+                                 "alternates (like (a+)+): matching it can take exponential "
+                                 "time; write it without the nested repetition")
         return value
 
     @model_validator(mode="after")
@@ -498,7 +534,10 @@ def check_value(spec: InputSpec, value: Any) -> list[str]:
     if spec.enum is not None and value not in spec.enum:
         problems.append(f"must be one of {spec.enum}")
     if isinstance(value, str):
-        if spec.pattern is not None and not re.search(spec.pattern, value):
+        if spec.pattern is not None and len(value) > MAX_PATTERN_INPUT:
+            problems.append(f"is too long ({len(value)} characters) to match against a "
+                            f"pattern (at most {MAX_PATTERN_INPUT})")
+        elif spec.pattern is not None and not re.search(spec.pattern, value):
             problems.append(f"does not match pattern {spec.pattern!r}")
         if spec.max_length is not None and len(value) > spec.max_length:
             problems.append(f"is longer than {spec.max_length} characters")

@@ -61,3 +61,22 @@ def test_the_cli_exits_2_with_one_line(tmp_path: Path, content: bytes) -> None:
     result = CliRunner().invoke(main, ["validate", str(path)])
     assert result.exit_code == 2, result.output
     assert result.output.startswith("error: ") and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("pattern", ["(a+)+$", "(a|aa)*b", r"^(\w+\s?)*$"])
+def test_a_catastrophic_input_pattern_is_refused(pattern: str) -> None:
+    with pytest.raises(DefinitionError, match="exponential"):
+        compile_any({"name": "p", "inputs": [{"name": "x", "type": "string",
+                                              "pattern": pattern}],
+                     "steps": [{"id": "a", "tool": "noop"}]})
+
+
+def test_an_over_long_input_is_not_matched_against_a_pattern() -> None:
+    from saga.composition.definition import resolve_inputs
+    from saga.errors import InputError
+
+    plan = compile_any({"name": "p", "inputs": [{"name": "x", "type": "string",
+                                                 "pattern": "^a+$"}],
+                        "steps": [{"id": "a", "tool": "noop"}]})
+    with pytest.raises(InputError, match="too long"):
+        resolve_inputs(plan.definition, {"x": "a" * 20_000})
