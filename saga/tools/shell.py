@@ -20,6 +20,17 @@ path); an entry with a slash allows exactly that file. Nothing is allowed by def
 refused program fails with error type ``NotAllowed`` (not retryable) and is never started.
 Errors: ``NotAllowed``, ``NotFound`` (not retryable), ``ExitCode`` (an exit code outside
 ``allow_exit_codes``; the message ends with the tail of stderr), ``timeout``.
+
+What the allowlist cannot stop by itself, and what is refused for it: environment
+variables that make a program load or run other code (``LD_*``, ``DYLD_*``, ``GIT_*``,
+``PYTHON*``, ``PERL5*``, ``RUBY*``, ``NODE_OPTIONS``, ``BASH_ENV``, ``ENV``, ``IFS``,
+``PATH``...) are refused in ``env`` (``NotAllowed``); and an allowlisted program that runs
+others (``find -exec``, ``git -c alias...``, ``env``, ``xargs``, a shell) extends the
+allowlist to whatever it runs. saga refuses the arguments that do so for ``find``
+(``-exec``, ``-execdir``, ``-ok``, ``-okdir``, ``-delete``) and ``git`` (``-c``,
+``--config-env``, ``--exec-path``, ``-C`` and ``--upload-pack``-style options), and
+``[shell] deny_args = {prog = ["--flag", ...]}`` adds more; allowlisting ``env``,
+``xargs`` or a shell allows everything, and saga.toml should not do it.
 """
 
 from __future__ import annotations
@@ -94,14 +105,54 @@ def resolve_program(program: str, allow: list[str]) -> str:
     return found
 
 
-async def run_argv(argv: list[str], params: dict[str, Any], allow: list[str]) -> dict[str, Any]:
+#: Environment variables that make programs load or run code of the caller's choosing.
+_DANGEROUS_ENV = ("LD_", "DYLD_", "GIT_", "PYTHON", "PERL5", "PERLLIB", "RUBY", "NODE_",
+                  "BASH_ENV", "ENV", "IFS", "PATH", "SHELLOPTS", "PS4", "PROMPT_COMMAND",
+                  "LUA_", "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "CLASSPATH", "GCONV_PATH",
+                  "HOSTALIASES", "LOCALDOMAIN", "RES_OPTIONS", "SSL_CERT", "CURL_HOME")
+#: Arguments by which an allowlisted program runs programs the allowlist does not name.
+_DENY_ARGS: dict[str, tuple[str, ...]] = {
+    "find": ("-exec", "-execdir", "-ok", "-okdir", "-delete", "-fprint", "-fls"),
+    "git": ("-c", "--config-env", "--exec-path", "-C", "--upload-pack", "--receive-pack",
+            "--ssh", "--config", "--git-dir", "--work-tree"),
+}
+
+
+def refused_env(env: Mapping[str, Any]) -> list[str]:
+    """The variables of a step's ``env`` that let it run code the allowlist does not."""
+    return sorted(k for k in map(str, env) if k == "ENV" or k == "IFS" or k == "PATH"
+                  or any(k.upper().startswith(p) for p in _DANGEROUS_ENV if p not in
+                         ("ENV", "IFS", "PATH")))
+
+
+def refused_args(argv: list[str], config: Mapping[str, Any] | None = None) -> list[str]:
+    """The arguments of ``argv`` by which its program would run others."""
+    program = os.path.basename(argv[0])
+    section = (config or {}).get("shell") or {}
+    extra = section.get("deny_args", {}) if isinstance(section, dict) else {}
+    denied = set(_DENY_ARGS.get(program, ())) | set(map(str, (extra or {}).get(program, [])))
+    return [a for a in argv[1:] if a in denied or a.split("=", 1)[0] in denied
+            or (program == "git" and a.startswith("-c") and len(a) > 2)]
+
+
+async def run_argv(argv: list[str], params: dict[str, Any], allow: list[str],
+                   config: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Run ``argv`` with the options in ``params``; the output dict or ToolError."""
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
         raise ToolError("argv must be a non-empty list of strings (no shell string)",
                         error_type="BadParameters", retryable=False)
     executable = resolve_program(argv[0], allow)
+    bad_args = refused_args(argv, config)
+    if bad_args:
+        raise ToolError(f"{argv[0]}: {', '.join(bad_args)} would run programs the allowlist "
+                        "does not name", error_type="NotAllowed", retryable=False)
     env = None
     if params.get("env"):
+        bad_env = refused_env(dict(params["env"]))
+        if bad_env:
+            raise ToolError(f"env: {', '.join(bad_env)} would let the program run code the "
+                            "allowlist does not name", error_type="NotAllowed",
+                            retryable=False)
         env = {**os.environ, **{str(k): str(v) for k, v in dict(params["env"]).items()}}
     timeout = params.get("timeout")
     stdin_text = params.get("input")
@@ -158,14 +209,14 @@ def make_tool(config: Mapping[str, Any]) -> Tool:
     async def shell(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         """Runs an allowlisted program from an argv list."""
         argv: Any = params.get("argv")  # run_argv refuses anything but a list of strings
-        return await run_argv(argv, params, allowlist(config))
+        return await run_argv(argv, params, allowlist(config), config)
 
     async def undo(params: dict[str, Any], output: Any, ctx: ToolContext) -> dict[str, Any]:
         undo_argv = params.get("undo_argv")
         if not undo_argv:
             raise ToolError("shell step has no undo_argv to compensate with",
                             error_type="NoCompensation", retryable=False)
-        return await run_argv(undo_argv, params, allowlist(config))
+        return await run_argv(undo_argv, params, allowlist(config), config)
 
     return Tool("shell", shell, undo,
                 "Runs an allowlisted program from an argv list; undo_argv compensates.",

@@ -50,9 +50,9 @@ def test_a_program_outside_the_allowlist_is_refused_without_running(tmp_path: Pa
     fake.chmod(0o755)
     with pytest.raises(ToolError, match="not in the shell allowlist"):
         call(t, {"argv": [str(fake)]})
-    # nor can a step's PATH swap the program behind an allowed bare name
-    out = call(t, {"argv": ["echo", "real"], "env": {"PATH": str(tmp_path)}})
-    assert out["stdout"] == "real\n"
+    # nor can a step's PATH swap the program behind an allowed bare name: it is refused
+    with pytest.raises(ToolError, match="PATH"):
+        call(t, {"argv": ["echo", "real"], "env": {"PATH": str(tmp_path)}})
     assert not marker.exists()
     with pytest.raises(ToolError) as nothing:
         call(make_tool({}), {"argv": ["echo", "x"]})
@@ -175,3 +175,32 @@ def test_engine_records_a_refused_program_as_not_allowed(sqlite_settings: Settin
     assert run.steps["x"]["error"]["type"] == "NotAllowed"
     assert run.steps["x"]["attempt"] == 1
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("env", [{"LD_PRELOAD": "/tmp/evil.so"}, {"GIT_CONFIG_COUNT": "1"},
+                                 {"PYTHONSTARTUP": "x.py"}, {"PATH": "/tmp"},
+                                 {"BASH_ENV": "x"}, {"node_options": "--require x"}])
+def test_environment_keys_that_run_other_code_are_refused(env: dict[str, str]) -> None:
+    t = make_tool({"shell": {"allow": ["echo"]}})
+    with pytest.raises(ToolError) as refused:
+        call(t, {"argv": ["echo", "hi"], "env": env})
+    assert refused.value.error_type == "NotAllowed"
+    assert call(t, {"argv": ["echo", "hi"], "env": {"GREETING": "ok"}})["exit_code"] == 0
+
+
+@pytest.mark.parametrize("argv", [
+    ["find", ".", "-exec", "rm", "{}", ";"], ["find", ".", "-delete"],
+    ["git", "-c", "alias.x=!sh", "x"], ["git", "-calias.x=!sh", "x"],
+    ["git", "--exec-path=/tmp", "status"], ["git", "--config-env=a=b", "status"]])
+def test_arguments_that_run_other_programs_are_refused(argv: list[str]) -> None:
+    t = make_tool({"shell": {"allow": ["find", "git"]}})
+    with pytest.raises(ToolError) as refused:
+        call(t, {"argv": argv})
+    assert refused.value.error_type == "NotAllowed"
+
+
+def test_deny_args_from_saga_toml(tmp_path: Path) -> None:
+    t = make_tool({"shell": {"allow": ["ls"], "deny_args": {"ls": ["-R"]}}})
+    with pytest.raises(ToolError):
+        call(t, {"argv": ["ls", "-R", str(tmp_path)]})
+    assert call(t, {"argv": ["ls", str(tmp_path)]})["exit_code"] == 0
