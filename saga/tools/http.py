@@ -50,6 +50,7 @@ _REQUEST: dict[str, Any] = {
     "expect": {"type": "array", "items": {"type": "integer"}},
     "follow_redirects": {"type": "boolean"},
     "idempotency_key": {"type": "boolean"},
+    "max_body_bytes": {"type": "integer", "minimum": 1},
 }
 
 PARAMS: dict[str, Any] = {
@@ -100,10 +101,11 @@ async def request(spec: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]:
     url = str(spec.get("url") or "")
     import httpx  # a network client: loaded when a step first calls it, not with saga
 
+    limit = int(spec.get("max_body_bytes") or MAX_BODY)
     try:
-        async with httpx.AsyncClient(timeout=timeout,
-                                     follow_redirects=spec.get("follow_redirects", True)) as c:
-            response = await c.request(method, url, **kwargs)
+        async with httpx.AsyncClient(timeout=timeout, follow_redirects=False) as c:
+            response, content, size = await _exchange(
+                c, method, url, kwargs, bool(spec.get("follow_redirects", True)), limit)
     except (httpx.InvalidURL, httpx.UnsupportedProtocol) as e:
         raise ToolError(f"{method} {url}: {e}", error_type="HTTPError", retryable=False) from e
     except httpx.HTTPError as e:
@@ -111,11 +113,14 @@ async def request(spec: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]:
                         error_type="HTTPError", retryable=True) from e
     result = {"status": response.status_code,
               "headers": {k: ", ".join(response.headers.get_list(k)) for k in response.headers},
-              "body": _body(response)}
+              "body": _body(response, content) if size <= limit else
+              content[:limit].decode("utf-8", "replace")}
+    if size > limit:  # what is recorded is bounded; say that it was cut, and from what
+        result.update(truncated=True, body_bytes=size)
     expect = spec.get("expect")
     ok = response.status_code in expect if expect else 200 <= response.status_code < 300
     if not ok:
-        text = response.text.strip()
+        text = content.decode("utf-8", "replace").strip()
         tail = (": " + text[-300:]) if text else ""
         status = response.status_code
         raise ToolError(f"{method} {url} returned {status} {response.reason_phrase}{tail}",
@@ -124,16 +129,58 @@ async def request(spec: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]:
     return result
 
 
-def _body(response: httpx.Response) -> Any:
+#: The most bytes of a response body the tool reads and records (``max_body_bytes``).
+MAX_BODY = 1024 * 1024
+#: Request headers kept when a redirect leads to another origin (scheme, host, port):
+#: every other one (Authorization, Cookie, an API key under any name) stays behind.
+_PORTABLE = frozenset({"accept", "accept-encoding", "accept-language", "content-type",
+                       "user-agent", "idempotency-key"})
+
+
+async def _exchange(client: httpx.AsyncClient, method: str, url: str, kwargs: dict[str, Any],
+                    follow: bool, limit: int) -> tuple[httpx.Response, bytes, int]:
+    """Send the request (following up to 10 redirects when ``follow``); the last response,
+    at most ``limit`` + 1 bytes of its body, and how many bytes it had (or more)."""
+    import httpx
+
+    origin = httpx.URL(url)
+    for _ in range(11):
+        response = await client.send(client.build_request(method, url, **kwargs), stream=True)
+        try:
+            if not (follow and response.is_redirect and response.next_request is not None):
+                content, size = b"", 0
+                async for chunk in response.aiter_bytes():
+                    size += len(chunk)
+                    if len(content) <= limit:
+                        content += chunk[:limit + 1 - len(content)]
+                return response, content, size
+            target = response.next_request.url
+        finally:
+            await response.aclose()
+        if (target.scheme, target.host, target.port) != (origin.scheme, origin.host,
+                                                         origin.port):
+            kwargs = dict(kwargs, headers={k: v for k, v in kwargs["headers"].items()
+                                           if k.lower() in _PORTABLE})
+        if response.status_code == 303 or (response.status_code in (301, 302)
+                                           and method == "POST"):
+            method = "GET"
+            kwargs = {k: v for k, v in kwargs.items() if k not in ("json", "content")}
+        url = str(target)
+        kwargs.pop("params", None)  # the redirect's URL carries its own query
+    raise httpx.TooManyRedirects("more than 10 redirects", request=response.request)
+
+
+def _body(response: httpx.Response, content: bytes) -> Any:
     ctype = response.headers.get("content-type", "").split(";")[0].strip().lower()
+    text = content.decode(response.encoding or "utf-8", "replace")
     if ctype == "application/json" or ctype.endswith("+json"):
-        if not response.content.strip():
+        if not content.strip():
             return None
         try:
-            return response.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return response.text
-    return response.text
+            return json.loads(text)
+        except json.JSONDecodeError:
+            return text
+    return text
 
 
 async def http(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:

@@ -57,6 +57,13 @@ class Server:
                     self._reply(500, b'{"error": "boom"}')
                 elif path == "/busy":
                     self._reply(429, b"slow down", "text/plain")
+                elif path == "/big":
+                    self._reply(200, b"x" * 5000, "text/plain")
+                elif path == "/away":  # to another origin: the URL in the query
+                    self.send_response(302)
+                    self.send_header("Location", self.path.split("to=", 1)[1])
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
                 elif path == "/redirect":
                     self.send_response(302)
                     self.send_header("Location", "/json")
@@ -190,3 +197,31 @@ def test_engine_sends_the_undo_when_a_later_step_fails(server: Server,
     assert keys == [f"{run.run_id}:create:0", f"{run.run_id}:note:0",
                     f"{run.run_id}:note:0:compensate", f"{run.run_id}:create:0:compensate"]
     assert run.steps["create"]["output"]["body"] == {"id": 7, "got": {"n": 1}}
+
+
+def test_a_redirect_to_another_origin_carries_no_credentials(server: Server) -> None:
+    other = Server()
+    other.thread.start()
+    try:
+        secret_headers = {"Authorization": "Bearer s3cret", "X-Api-Key": "k3y",
+                          "Cookie": "session=1", "Accept": "application/json"}
+        out = call(TOOL, {"url": f"{server.url}/away?to={other.url}/json",
+                          "headers": secret_headers})
+        assert out["status"] == 200
+        sent = {k.lower() for k in other.requests[0]["headers"]}
+        assert not {"authorization", "x-api-key", "cookie"} & sent
+        assert "accept" in sent
+        same = call(TOOL, {"url": f"{server.url}/redirect", "headers": secret_headers})
+        assert same["status"] == 200
+        assert server.requests[-1]["headers"].get("X-Api-Key") == "k3y"  # same origin: kept
+    finally:
+        other.httpd.shutdown()
+        other.httpd.server_close()
+
+
+def test_a_large_body_is_recorded_cut_and_says_so(server: Server) -> None:
+    out = call(TOOL, {"url": f"{server.url}/big", "max_body_bytes": 1000})
+    assert out["truncated"] is True and out["body_bytes"] == 5000
+    assert out["body"] == "x" * 1000
+    full = call(TOOL, {"url": f"{server.url}/big"})
+    assert full["body"] == "x" * 5000 and "truncated" not in full
