@@ -28,7 +28,7 @@ variables that make a program load or run other code (``LD_*``, ``DYLD_*``, ``GI
 others (``find -exec``, ``git -c alias...``, ``env``, ``xargs``, a shell) extends the
 allowlist to whatever it runs. saga refuses the arguments that do so for ``find``
 (``-exec``, ``-execdir``, ``-ok``, ``-okdir``, ``-delete``) and ``git`` (``-c``,
-``--config-env``, ``--exec-path``, ``-C`` and ``--upload-pack``-style options), and
+``--config-env``, ``--exec-path`` and ``--upload-pack``-style options), and
 ``[shell] deny_args = {prog = ["--flag", ...]}`` adds more; allowlisting ``env``,
 ``xargs`` or a shell allows everything, and saga.toml should not do it.
 """
@@ -113,8 +113,7 @@ _DANGEROUS_ENV = ("LD_", "DYLD_", "GIT_", "PYTHON", "PERL5", "PERLLIB", "RUBY", 
 #: Arguments by which an allowlisted program runs programs the allowlist does not name.
 _DENY_ARGS: dict[str, tuple[str, ...]] = {
     "find": ("-exec", "-execdir", "-ok", "-okdir", "-delete", "-fprint", "-fls"),
-    "git": ("-c", "--config-env", "--exec-path", "-C", "--upload-pack", "--receive-pack",
-            "--ssh", "--config", "--git-dir", "--work-tree"),
+    "git": ("-c", "--config-env", "--exec-path", "--upload-pack", "--receive-pack"),
 }
 
 

@@ -1,12 +1,17 @@
 """The ``sql`` tool: parameterised statements on SQLite or PostgreSQL, in one transaction.
 
 Parameters:
-    connection: a name from saga.toml ``[sql.connections]`` or a URL
-        (``postgresql://user@host:5432/db``, ``sqlite:///relative.db``,
-        ``sqlite:////absolute/path.db``). Required.
-    statement: one statement; ``params`` its parameters, a list (``?`` for SQLite, ``%s``
-        for PostgreSQL) or a mapping (``:name`` / ``%(name)s``). Values are always bound by
-        the driver, never formatted into the text.
+    connection: a name from saga.toml ``[sql.connections]``, written in the composition
+        (never a URL, never a template: a connection taken from input could reach any
+        database, saga's own store included). Required.
+    statement: ONE statement, written in the composition (never a template: only
+        ``params`` carry values); ``params`` its parameters, a list (``?`` for SQLite,
+        ``%s`` for PostgreSQL) or a mapping (``:name`` on both: it is what makes one
+        statement run on SQLite and PostgreSQL alike; ``%(name)s`` too). Values are always
+        bound by the driver, never formatted into the text. Stacked statements
+        (``...; DROP ...``) are refused: use ``statements``.
+    dynamic_sql: ``true`` lets ``statement``/``statements`` be templates: for SQL an
+        operator supplies on purpose (a migration), never for values (use ``params``).
     statements: instead of ``statement``, a list of ``{statement, params}`` run in order
         in the same transaction (all or nothing).
     fetch: whether to return rows (default: whenever the statement produces rows, e.g.
@@ -57,6 +62,7 @@ PARAMS: dict[str, Any] = {
         "timeout": {"type": "number", "minimum": 0},
         "undo_statement": {"type": "string", "minLength": 1},
         "undo_params": _BIND,
+        "dynamic_sql": {"type": "boolean"},
     },
     "required": ["connection"],
     "additionalProperties": False,
@@ -76,9 +82,10 @@ def connections(config: Mapping[str, Any]) -> dict[str, str]:
 
 
 def resolve_url(connection: str, config: Mapping[str, Any]) -> str:
-    """The URL a connection name (or URL) stands for, or ToolError."""
+    """The URL a connection name stands for, or ToolError."""
     if "://" in connection or connection.startswith("sqlite:"):
-        return connection
+        raise ToolError("a SQL connection is a name declared in saga.toml [sql.connections], "
+                        "never a URL in a step", error_type="NotAllowed", retryable=False)
     try:
         return connections(config)[connection]
     except KeyError:
@@ -87,9 +94,48 @@ def resolve_url(connection: str, config: Mapping[str, Any]) -> str:
                         error_type="SQLError", retryable=False) from None
 
 
+def stacked(statement: str) -> bool:
+    """True when the text holds more than one statement: a ``;`` outside quotes, dollar
+    quotes and comments with anything but a comment or space after it."""
+    i, n, seen_end = 0, len(statement), False
+    while i < n:
+        c = statement[i]
+        if statement.startswith("--", i):
+            end = statement.find("\n", i)
+            i = n if end < 0 else end
+            continue
+        if statement.startswith("/*", i):
+            end = statement.find("*/", i + 2)
+            i = n if end < 0 else end + 2
+            continue
+        if seen_end and not c.isspace():
+            return True
+        if c in ("'", '"'):
+            end = i + 1
+            while end < n and statement[end] != c:
+                end += 1
+            i = end + 1
+            continue
+        if c == "$":
+            tag_end = statement.find("$", i + 1)
+            tag = statement[i:tag_end + 1] if tag_end > i else ""
+            if tag and all(ch.isalnum() or ch == "_" for ch in tag[1:-1]):
+                close = statement.find(tag, tag_end + 1)
+                i = n if close < 0 else close + len(tag)
+                continue
+        if c == ";":
+            seen_end = True
+        i += 1
+    return False
+
+
 def execute(url: str, statements: list[tuple[str, Any]], fetch: bool | None = None,
             timeout: float | None = None) -> list[dict[str, Any]]:
     """Run statements in one transaction; one ``{rows, rowcount}`` per statement."""
+    for statement, _ in statements:
+        if stacked(statement):
+            raise ToolError("one statement at a time (use `statements` for several): "
+                            f"{statement[:80]!r}", error_type="NotAllowed", retryable=False)
     if url.startswith(("postgresql://", "postgres://")):
         return _postgres(url, statements, fetch, timeout)
     if url.startswith("sqlite:"):
@@ -151,6 +197,8 @@ def _postgres(url: str, statements: list[tuple[str, Any]], fetch: bool | None,
                              [str(int(float(timeout) * 1000))])
             results = []
             for statement, params in statements:
+                if isinstance(params, Mapping) and "%(" not in statement:
+                    statement = _pyformat(statement)
                 cur = conn.execute(statement, _bind(params, None))
                 results.append(_result(cur, fetch, dict))
             return results
@@ -159,6 +207,40 @@ def _postgres(url: str, statements: list[tuple[str, Any]], fetch: bool | None,
         state = f" [{e.sqlstate}]" if e.sqlstate else ""
         raise ToolError(f"{type(e).__name__}{state}: {detail}", error_type="SQLError",
                         retryable=False) from e
+
+
+def _pyformat(statement: str) -> str:
+    """``:name`` placeholders (SQLite's style) as psycopg's ``%(name)s``, outside quotes
+    and comments, leaving ``::type`` casts alone."""
+    out, i, n = [], 0, len(statement)
+    while i < n:
+        c = statement[i]
+        if c in ("'", '"'):
+            end = statement.find(c, i + 1)
+            end = n - 1 if end < 0 else end
+            out.append(statement[i:end + 1].replace("%", "%%"))
+            i = end + 1
+            continue
+        if statement.startswith("--", i):
+            end = statement.find("\n", i)
+            end = n if end < 0 else end
+            out.append(statement[i:end])
+            i = end
+            continue
+        if c == ":" and statement.startswith("::", i):
+            out.append("::")
+            i += 2
+            continue
+        if c == ":" and i + 1 < n and (statement[i + 1].isalpha() or statement[i + 1] == "_"):
+            j = i + 1
+            while j < n and (statement[j].isalnum() or statement[j] == "_"):
+                j += 1
+            out.append(f"%({statement[i + 1:j]})s")
+            i = j
+            continue
+        out.append("%%" if c == "%" else c)
+        i += 1
+    return "".join(out)
 
 
 def _bind(params: Any, empty: Any) -> Any:
@@ -212,9 +294,24 @@ def make_tool(config: Mapping[str, Any]) -> Tool:
         if "undo_params" in params and "undo_statement" not in params:
             problems.append("undo_params needs undo_statement")
         connection = params.get("connection")
-        if isinstance(connection, str) and not is_template(connection) \
-                and "://" not in connection and not connection.startswith("sqlite:") \
-                and connection not in connections(config):
+        texts = [("statement", params.get("statement")),
+                 ("undo_statement", params.get("undo_statement")),
+                 *((f"statements[{i}].statement", s.get("statement"))
+                   for i, s in enumerate(params.get("statements") or [])
+                   if isinstance(s, dict))]
+        if "statements" in params and is_template(params["statements"]):
+            texts.append(("statements", params["statements"]))
+        for where, text in texts:
+            if isinstance(text, str) and is_template(text) and not params.get("dynamic_sql"):
+                problems.append(f"{where} is a template: only params may carry values "
+                                "(SQL injection)")
+            elif isinstance(text, str) and stacked(text):
+                problems.append(f"{where} holds more than one statement (use statements)")
+        if isinstance(connection, str) and (is_template(connection) or "://" in connection
+                                            or connection.startswith("sqlite:")):
+            problems.append("connection must be a name declared in saga.toml "
+                            "[sql.connections], not a URL or a template")
+        elif isinstance(connection, str) and connection not in connections(config):
             known = ", ".join(sorted(connections(config))) or "none"
             problems.append(f"unknown SQL connection {connection!r} (declared in "
                             f"[sql.connections]: {known})")

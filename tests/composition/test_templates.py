@@ -236,8 +236,8 @@ def test_find_template_by_name_with_close_matches_and_extra_folders(
 
 
 def test_every_template_validates(make_saga: SagaFactory) -> None:
-    s = make_saga(**MCP)
-    for t in list_templates():
+    for t in list_templates():  # with the saga.toml its metadata says it needs
+        s = make_saga(**{**MCP, **tomllib.loads(t.config or "")})
         plan = s.load(t.path)
         assert plan.definition.name == t.definition_name
         assert all(tool in s.registry for tool in t.required_tools)
@@ -380,11 +380,11 @@ def bank(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, A
 
 def test_money_transfer_moves_money_and_refunds_a_failed_credit(
         bank: dict[str, Any], make_saga: SagaFactory) -> None:
-    s = make_saga()
+    s = make_saga(sql={"connections": {"bank": bank["url"]}})
     query = bank["query"]
 
     def transfer(**inputs: Any) -> Run:
-        return run_template(s, "money-transfer", connection=bank["url"], **inputs)
+        return run_template(s, "money-transfer", **inputs)
 
     # an unknown source account: the tables are created, then the debit is refused
     first = transfer(reference="T0", from_account="nobody", to_account="bob", amount=1)
@@ -432,7 +432,7 @@ def test_account_provisioning_creates_everything_and_rolls_it_all_back(
 
     directory = http_server({"POST /users": register})
     s = make_saga(sql={"connections": {"accounts": f"sqlite:///{db}"}})
-    common = {"connection": "accounts", "home_root": str(homes), "repo": str(repo),
+    common = {"home_root": str(homes), "repo": str(repo),
               "directory_url": directory.url}
     run = run_template(s, "account-provisioning", username="ada", email="ada@example.com",
                        full_name="Ada Lovelace", **common)
@@ -471,7 +471,7 @@ def test_db_migration_backs_up_migrates_verifies_and_restores(
     add_plan = ["ALTER TABLE users ADD COLUMN plan TEXT NOT NULL DEFAULT 'free'",
                 "CREATE TABLE audit (at TEXT, what TEXT)"]
     original = db.read_bytes()
-    s = make_saga()
+    s = make_saga(sql={"connections": {"migration": f"sqlite:///{db}"}})
 
     failed = run_template(s, "db-migration", database=str(db), statements=add_plan,
                           verify_statement="SELECT COUNT(*) = 3 FROM users WHERE plan = 'pro'")

@@ -34,14 +34,15 @@ def test_tool_errors_are_recorded_and_undone(case: str, sqlite_settings: Setting
     steps = {
         "shell": {"id": "cmd", "tool": "shell", "args": {"argv": ["rm", "-rf", "/nothing"]}},
         "http": {"id": "get", "tool": "http", "args": {"url": f"{server.url}/missing"}},
-        "sql": {"id": "q", "tool": "sql", "args": {"connection": f"sqlite:///{tmp_path}/db.db",
+        "sql": {"id": "q", "tool": "sql", "args": {"connection": "db",
                                                   "statement": "SELECT * FROM no_such_table"}},
         "parameters": {"id": "w", "tool": "file",
                        "args": {"action": "{{ 'explode' }}", "path": str(tmp_path / "y")}},
     }
     expected = {"shell": "NotAllowed", "http": "HTTPStatus", "sql": "SQLError",
                 "parameters": "InvalidParameters"}
-    with engine(sqlite_settings, shell={"allow": ["echo"]}) as s:
+    with engine(sqlite_settings, shell={"allow": ["echo"]},
+                sql={"connections": {"db": f"sqlite:///{tmp_path}/db.db"}}) as s:
         error = failure(s, chain(written(tmp_path), steps[case]))
     assert error["error_type"] == expected[case]
     assert error["message"]  # a readable message, e.g. the status, the driver's text

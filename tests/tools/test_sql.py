@@ -75,7 +75,7 @@ def test_parameterised_insert_and_select(db: Db) -> None:
                    f"INSERT INTO {db.table} (id, name, price) VALUES ({db.p}, {db.p}, {db.p})",
                    "params": [1, sneaky, 2.5]})
     assert out == {"rows": [], "rowcount": 1}
-    call(t, {"connection": db.url, "statement":
+    call(t, {"connection": "main", "statement":
              f"INSERT INTO {db.table} (id, name) VALUES ({db.q('id')}, {db.q('name')})",
              "params": {"id": 2, "name": "plain"}})
     out = call(t, {"connection": "main", "statement":
@@ -144,7 +144,15 @@ def test_parameters_and_connections_are_checked(tmp_path: Path) -> None:
                                            "other": {"url": "sqlite:///y.db"}}}})
     assert t.check_parameters({"connection": "main", "statement": "SELECT 1"}) == []
     assert t.check_parameters({"connection": "other", "statement": "SELECT 1"}) == []
-    assert t.check_parameters({"connection": "{{ inputs.db }}", "statement": "SELECT 1"}) == []
+    assert t.check_parameters({"connection": "{{ inputs.db }}", "statement": "SELECT 1"}) == [
+        "connection must be a name declared in saga.toml [sql.connections], not a URL or a "
+        "template"]
+    assert t.check_parameters({"connection": "main", "statement": "SELECT '{{ inputs.x }}'"}) \
+        == ["statement is a template: only params may carry values (SQL injection)"]
+    assert t.check_parameters({"connection": "main", "statement": "SELECT 1; DROP TABLE t"}) \
+        == ["statement holds more than one statement (use statements)"]
+    assert t.check_parameters({"connection": "main", "statement": "{{ inputs.sql }}",
+                               "dynamic_sql": True}) == []
     assert t.check_parameters({"connection": "main"}) == [
         "give exactly one of statement or statements"]
     assert t.check_parameters({"connection": "nope", "statement": "SELECT 1",
@@ -153,18 +161,23 @@ def test_parameters_and_connections_are_checked(tmp_path: Path) -> None:
         "unknown SQL connection 'nope' (declared in [sql.connections]: main, other)"]
     with pytest.raises(ToolError, match="unknown SQL connection 'nope'"):
         call(t, {"connection": "nope", "statement": "SELECT 1"})
-    with pytest.raises(ToolError, match="unsupported SQL URL 'mysql'"):
-        call(t, {"connection": "mysql://h/db", "statement": "SELECT 1"})
+    for url in ("mysql://h/db", "postgresql://postgres@127.0.0.1:5432/test",
+                "sqlite:////tmp/saga-store.db"):  # a URL from a step never connects
+        with pytest.raises(ToolError) as inline:
+            call(t, {"connection": url, "statement": "SELECT 1"})
+        assert inline.value.error_type == "NotAllowed"
+    down = make_tool({"sql": {"connections": {"down": "postgresql://postgres@127.0.0.1:1/t"}}})
     with pytest.raises(ToolError) as unreachable:
-        call(t, {"connection": "postgresql://postgres@127.0.0.1:1/test",
-                 "statement": "SELECT 1"})
+        call(down, {"connection": "down", "statement": "SELECT 1"})
     assert unreachable.value.error_type == "SQLConnectionError"
     assert unreachable.value.retryable is True
+    with pytest.raises(ToolError, match="one statement at a time"):
+        call(t, {"connection": "main", "statement": "SELECT 1; SELECT 2"})
 
 
 def test_postgres_values_become_json() -> None:
-    t = make_tool({})
-    out = call(t, {"connection": PG_URL, "statement":
+    t = make_tool({"sql": {"connections": {"pg": PG_URL}}})
+    out = call(t, {"connection": "pg", "statement":
                    "SELECT 12.50::numeric AS price, 3::numeric AS n, "
                    "'2024-01-02 03:04:05+00'::timestamptz AS at, "
                    "'6f1c8c4e-0000-4000-8000-000000000000'::uuid AS id, "
