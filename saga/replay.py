@@ -21,7 +21,7 @@ from saga.scheduler.actions import brief
 
 _WORLD = {"StepCompleted", "ApprovalGranted", "ApprovalRejected", "RunRetried",
           "RemedyApplied", "StepWaiting", "SignalReceived", "RunPaused", "RunUnpaused",
-          "RunTimedOut", "RetentionApplied"}
+          "RunTimedOut", "RetentionApplied", "RunTakenOver"}
 
 
 @dataclass(frozen=True)

@@ -98,8 +98,8 @@ class RunIndex:
                 run.waits[key] = payload.get("until")
             elif kind == "StepFailed" and payload.get("next_retry_at"):
                 run.retries[key] = str(payload["next_retry_at"])
-            if kind == "StepFailed" and payload.get("error_type") == "Interrupted":
-                run.takeovers += 1
+        elif kind == "RunTakenOver":
+            run.takeovers += 1
         elif kind in ("RunRetried", "CompensationStarted"):
             run.retries.clear()
         run.status = status_after(kind, run.status,

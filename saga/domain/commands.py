@@ -39,6 +39,7 @@ class RunCommands:
     RunPaused: Any
     RunUnpaused: Any
     RetentionApplied: Any
+    RunTakenOver: Any
 
     def start_step(self, step_id: str, iteration: int, attempt: int, parameters: Any,
                    worker: str | None = None) -> None:
@@ -153,6 +154,10 @@ class RunCommands:
     def record_retention(self, versions: dict[str, str]) -> None:
         """Record which events retention rewrites, and the hash each will have."""
         self.trigger_event(self.RetentionApplied, versions=versions, actor="retention")
+
+    def take_over(self, worker: str | None) -> None:
+        """Record that ``worker`` takes the run over from a worker that died."""
+        self.trigger_event(self.RunTakenOver, worker=worker)
 
     def pause(self, actor: str, reason: str | None = None) -> None:
         """Record that no new step may start."""

@@ -244,8 +244,6 @@ class Run(RunCommands, Aggregate):
                      error={"type": self.error_type, "message": self.message},
                      finished_at=iso(self.timestamp), retryable=self.retryable)
             s["duration_ms"] = ms_between(s["started_at"], s["finished_at"])
-            if self.error_type == "Interrupted":  # a driver died with this attempt in hand
-                aggregate.takeovers = aggregate.takeovers + 1
 
     class StepSkipped(Event):
         """A step did not run: its condition was false, or what it needs did not happen."""
@@ -369,6 +367,17 @@ class Run(RunCommands, Aggregate):
 
         def apply(self, aggregate: Any) -> None:
             aggregate.timed_out = self.deadline
+
+    class RunTakenOver(Event):
+        """A worker took the run over from one that died with attempts in hand (they are
+        recorded as interrupted right after): counted, so a run that keeps killing its
+        workers is quarantined."""
+
+        TOPIC = "saga.RunTakenOver"
+        worker: str | None
+
+        def apply(self, aggregate: Any) -> None:
+            aggregate.takeovers = aggregate.takeovers + 1
 
     class RunPaused(Event):
         """Someone paused the run: no new step starts; attempts in flight finish."""

@@ -33,7 +33,7 @@ EVENT_TYPES = (
     "ApprovalRejected", "CompensationStarted", "StepCompensated", "CompensationFailed",
     "RunRetried", "RunCompleted", "RunFailed", "RunCompensated", "RunCancelled",
     "RunPaused", "RunUnpaused", "StepWaiting", "SignalReceived", "RunTimedOut",
-    "RetentionApplied")
+    "RetentionApplied", "RunTakenOver")
 
 
 TOPIC_PREFIX = "saga."

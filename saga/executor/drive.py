@@ -109,8 +109,10 @@ class Drive:
     async def go(self) -> Run:
         # Whoever drives a run now is its only driver (it holds the lease), so any attempt
         # still marked running was started by a worker that died.
-        for action in scheduler.interrupted(self.plan, self.run):
-            self._apply(action)
+        if scheduler.interrupted(self.plan, self.run):
+            self.run.take_over(self.x.worker)  # counted first: quarantine reads the count
+            for action in scheduler.interrupted(self.plan, self.run):
+                self._apply(action)
         keeper = asyncio.ensure_future(self._keep_lease()) if self.lease else None
         try:
             return await self._loop(keeper)

@@ -78,7 +78,8 @@ def compensation_order(plan: Plan, run: Run) -> list[str]:
 def interrupted(plan: Plan, run: Run) -> list[FailStep]:
     """What to do with attempts a dead worker started and never finished.
 
-    Called when a worker takes a run over: every step still ``running`` was interrupted.
+    Called when a worker takes a run over (after it recorded ``RunTakenOver``): every
+    step still ``running`` was interrupted.
     An idempotent step, or one with ``on_interrupt: retry`` (the default), runs again at
     once with the same idempotency key while it has attempts left: an interrupted attempt
     counts, so a tool that kills its worker stops after the step's ``max_attempts`` (or
@@ -89,11 +90,11 @@ def interrupted(plan: Plan, run: Run) -> list[FailStep]:
     actions: list[FailStep] = []
     left = [s for s in run.steps.values() if s["status"] == "running"
             and not is_loop_parent(plan, s) and not s.get("wait")]  # a wait outlives workers
-    if left and run.takeovers + 1 >= QUARANTINE_AFTER:
+    if left and run.takeovers >= QUARANTINE_AFTER:
         # Workers keep dying under this run: stop feeding it workers, whatever step.
         return [FailStep(s["step_id"], s["iteration"], s["attempt"], "Quarantined",
                          f"quarantined: the workers driving this run died "
-                         f"{run.takeovers + 1} times") for s in left]
+                         f"{run.takeovers} times") for s in left]
     for state in left:
         step = plan.step(state["step_id"])
         again = (step.idempotent or step.on_interrupt == "retry") \

@@ -77,7 +77,7 @@ def test_a_poison_run_is_quarantined_and_the_others_complete(settings: Settings,
     quarantined = saga.get(poison.run_id)
     assert quarantined.status == "failed"
     assert quarantined.error is not None and quarantined.error["type"] == "Quarantined"
-    assert quarantined.takeovers == 2  # the third takeover quarantined it
+    assert quarantined.takeovers == 3  # the third takeover quarantined it
     assert len(log.read_text(encoding="utf-8").splitlines()) == 3
     assert all(saga.get(r.run_id).status == "completed" for r in normal)
     assert [r["run_id"] for r in saga.list_runs(status="failed")] == [poison.run_id]
