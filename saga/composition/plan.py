@@ -61,6 +61,11 @@ class Plan:
         """sha256 of :meth:`record`'s canonical JSON."""
         return self.definition.digest()
 
+    @functools.cached_property
+    def position(self) -> dict[str, int]:
+        """Each step's place in the definition (plan order)."""
+        return {step_id: i for i, step_id in enumerate(self.steps)}
+
     def dependencies(self, step_id: str) -> list[str]:
         """The steps this one waits for, in definition order."""
         return self._dependencies[step_id]
@@ -274,15 +279,18 @@ def _step_problems(steps: list[tuple[int, Step]], graph: nx.DiGraph,
             problems += _tool_problems(step, where, tools)
         if step.id not in graph:
             continue
-        upstream = set(nx.ancestors(graph, step.id))
+        upstream: set[str] | None = None  # computed when a reference needs it: O(steps)
         for path, names in _step_references(step, where, problems):
+            if upstream is None and names:
+                upstream = set(nx.ancestors(graph, step.id))
             own = COMPENSATION_NAMES | {step.key, step.id}
             extra = own if path.startswith("compensate") else set()
             if step.loop is not None and path != "loop":
                 extra = extra | {step.loop_var, "loop_index"}
             if step.until is not None:
                 extra = extra | {"output", "iteration", "previous", step.key, step.id}
-            problems += _reference_problems(f"{where}.{path}", names, keys, upstream, extra)
+            problems += _reference_problems(f"{where}.{path}", names, keys, upstream or set(),
+                                            extra)
     seen_keys: dict[str, str] = {}
     for i, step in steps:
         if step.key in BASE_NAMES:

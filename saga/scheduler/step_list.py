@@ -8,7 +8,8 @@ they are functions of recorded data; tools are called by the executor.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import copy
+import functools
 from typing import Any
 
 from saga import expressions
@@ -38,16 +39,17 @@ from saga.scheduler.policy import (
 )
 
 
-@dataclass
 class _View:
-    """What decide needs to know about the run, derived once per call."""
+    """What decide needs to know about the run, derived once per call (the expression
+    namespace only when an expression is evaluated: most decisions need none)."""
 
-    plan: Plan
-    run: Run
-    namespace: dict[str, Any] = field(init=False)
+    def __init__(self, plan: Plan, run: Run) -> None:
+        self.plan, self.run = plan, run
 
-    def __post_init__(self) -> None:
-        self.namespace = namespace(self.plan, self.run)
+    @functools.cached_property
+    def namespace(self) -> dict[str, Any]:
+        """What expressions see (see :func:`saga.scheduler.policy.namespace`)."""
+        return namespace(self.plan, self.run)
 
 
 def decide(plan: Plan, run: Run) -> list[Action]:
@@ -72,8 +74,15 @@ def decide(plan: Plan, run: Run) -> list[Action]:
     return [_complete(view)]
 
 
+_PENDING: dict[str, Any] = {"status": "pending", "attempt": 0}  # read only
+
+
 def _state(view: _View, step_id: str) -> dict[str, Any]:
-    return view.run.step(step_key(step_id))
+    # A step's own execution is keyed by its id (step_key(id, 0) is the id).
+    return view.run.steps.get(step_id) or _PENDING
+
+
+_DONE = frozenset({"completed", "skipped", "compensated"})
 
 
 def _busy(view: _View) -> bool:
@@ -97,10 +106,10 @@ def _failed_for_good(view: _View, step: Step) -> bool:
 
 def _blocking_failure(view: _View) -> str | None:
     """The first step (in plan order) that failed for good and stops the run."""
-    for step_id, step in view.plan.steps.items():
-        if _failed_for_good(view, step):
-            return step_id
-    return None
+    failed = [s["step_id"] for s in view.run.steps.values()
+              if s["status"] == "failed" and s["iteration"] == 0]
+    stopping = [f for f in failed if _failed_for_good(view, view.plan.step(f))]
+    return min(stopping, key=view.plan.position.__getitem__) if stopping else None
 
 
 def _finished(view: _View, step_id: str) -> bool:
@@ -115,6 +124,8 @@ def _step_actions(view: _View) -> list[Action]:
     handed: dict[str, int] = {}  # signals given to waiting steps in this call, by name
     for step_id, step in view.plan.steps.items():
         state = _state(view, step_id)
+        if state["status"] in _DONE:
+            continue  # most steps of a long run: decided long ago
         wait = state.get("wait") if state["status"] == "running" else None
         if wait and wait.get("signal"):
             action = _signal_delivery(view, step, state, wait["signal"], handed)
@@ -296,11 +307,24 @@ def _ready_action(view: _View, step: Step) -> Action | None:
             return FailStep(step.id, 0, 1, "ExpressionError",
                             f"loop: expected a list, got {type(items).__name__}")
         return StartLoop(step.id, items)
+    if not _templated(step.parameters):
+        return StartStep(step.id, 0, 1, copy.deepcopy(step.parameters))  # nothing to render
     try:
         parameters = expressions.render(step.parameters, view.namespace)
     except ExpressionError as e:
         return FailStep(step.id, 0, 1, "ExpressionError", f"parameters: {e}")
     return StartStep(step.id, 0, 1, parameters)
+
+
+def _templated(value: Any) -> bool:
+    """Whether a value holds a template anywhere (rendering needs the namespace)."""
+    if isinstance(value, str):
+        return "{{" in value or "{%" in value
+    if isinstance(value, dict):
+        return any(_templated(k) or _templated(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_templated(v) for v in value)
+    return False
 
 
 def _approval(view: _View, step: Step) -> Action | bool | None:
