@@ -39,6 +39,8 @@ class Settings:
     #: Environment variables compositions may read by name as ``{{ secret.NAME }}``
     #: (saga.toml ``[secrets] allow``); ``SAGA_SECRET_NAME`` is always readable.
     secrets_allow: tuple[str, ...] = ()
+    #: Seconds one template, condition or compute block may take (``[limits]``).
+    expression_seconds: float = 2.0
     file: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -146,6 +148,8 @@ def load_settings(env: Mapping[str, str] | None = None, cwd: Path | None = None,
             lease_seconds=float(env.get("SAGA_LEASE_SECONDS") or data.get("lease_seconds", 30)),
             hold_seconds=float(env.get("SAGA_HOLD_SECONDS") or data.get("hold_seconds", 60)),
             audit_key=env.get("SAGA_AUDIT_KEY") or None,
+            expression_seconds=float(env.get("SAGA_EXPRESSION_SECONDS")
+                                     or (data.get("limits") or {}).get("expression_seconds", 2)),
             secrets_allow=tuple(str(n) for n in (data.get("secrets") or {}).get("allow", [])
                                 if isinstance(data.get("secrets"), dict)),
             file=data,

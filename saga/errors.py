@@ -81,6 +81,11 @@ class ExpressionError(SagaError):
         super().__init__(message)
 
 
+class ExpressionLimit(ExpressionError):
+    """Raised when an evaluation exceeds a limit of the sandbox (its time, the size of a
+    value it would build); the message says which."""
+
+
 class ConfigError(SagaError):
     """Raised when configuration (environment, saga.toml, --tools modules) is unusable."""
 

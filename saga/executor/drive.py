@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 import logging
@@ -367,8 +368,9 @@ class Drive:
         started = time.monotonic()
         try:
             if step.compute is not None:
-                output = await self._in_thread(expressions.run_compute, step.compute,
-                                               scheduler.namespace(self.plan, self.run))
+                output = await self._in_thread(
+                    functools.partial(expressions.run_compute, seconds=step.timeout_seconds),
+                    step.compute, scheduler.namespace(self.plan, self.run))
             elif step.use is not None:
                 output = await nesting.run_child(self.x, self.run, action.step_id,
                                                  action.iteration, action.parameters)
@@ -548,8 +550,8 @@ def _failure(kind: str, step_id: str, iteration: int, attempt: int, e: Exception
         error_type, message, retryable = "timeout", f"timed out after {timeout:g}s", True
     elif isinstance(e, ToolError):
         error_type, message, retryable = e.error_type, e.message, e.retryable
-    elif isinstance(e, ExpressionError):
-        error_type, message, retryable = "ExpressionError", str(e), False
+    elif isinstance(e, ExpressionError):  # ExpressionLimit says so by its type
+        error_type, message, retryable = type(e).__name__, str(e), False
     else:
         error_type, message, retryable = type(e).__name__, str(e) or type(e).__name__, True
     return Outcome(kind, step_id, iteration, attempt, ok=False, error_type=error_type,

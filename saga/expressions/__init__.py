@@ -33,12 +33,22 @@ from saga.expressions.jinja import (
     _whole_template,
     is_template,
 )
-from saga.expressions.limits import DEFAULT_MAX_STEPS
+from saga.expressions.limits import DEFAULT_MAX_STEPS, DEFAULT_SECONDS, configure
 
 __all__ = [
-    "DEFAULT_MAX_STEPS", "check_compute", "check_expression", "check_template",
-    "compute_references", "evaluate", "expression_references", "is_template", "references",
-    "render", "run_compute",
+    "DEFAULT_MAX_STEPS",
+    "DEFAULT_SECONDS",
+    "check_compute",
+    "check_expression",
+    "check_template",
+    "compute_references",
+    "configure",
+    "evaluate",
+    "expression_references",
+    "is_template",
+    "references",
+    "render",
+    "run_compute",
 ]
 
 
@@ -68,7 +78,7 @@ def render(value: Any, namespace: Mapping[str, Any]) -> Any:
 
 
 def evaluate(expression: str, namespace: Mapping[str, Any], *,
-             max_steps: int = DEFAULT_MAX_STEPS) -> Any:
+             max_steps: int = DEFAULT_MAX_STEPS, seconds: float | None = None) -> Any:
     """Evaluate a condition (one Python-like expression) with the sandboxed interpreter.
 
     A condition that is a whole ``{{ ... }}`` template is rendered instead; a non-string
@@ -80,20 +90,22 @@ def evaluate(expression: str, namespace: Mapping[str, Any], *,
     if _whole_template(expression):
         return render(expression, namespace)
     source = expression.strip()
-    return _plain_result(_run(source, "eval", namespace, max_steps)[0], source,
+    return _plain_result(_run(source, "eval", namespace, max_steps, seconds)[0], source,
                          f"condition {source!r}")
 
 
 def run_compute(code: str, namespace: Mapping[str, Any], *,
-                max_steps: int = DEFAULT_MAX_STEPS) -> Any:
+                max_steps: int = DEFAULT_MAX_STEPS, seconds: float | None = None) -> Any:
     """Run a compute block and return what it bound to ``result``.
 
     The block is dedented, checked against the whitelist, then run statement by statement
     in a fresh local scope over (deep copies of) the namespace, which is never mutated.
-    Raises ExpressionError when refused, failing, out of budget, or if ``result`` is unset.
+    Raises ExpressionError when refused, failing, or if ``result`` is unset, and
+    ExpressionLimit past its budget: ``max_steps`` nodes, or ``seconds`` (default, and at
+    most, the configured ``expression_seconds``).
     """
     source = _compute_source(code)
-    scope = _run(source, "exec", namespace, max_steps)[1]
+    scope = _run(source, "exec", namespace, max_steps, seconds)[1]
     if "result" not in scope:
         raise ExpressionError("compute block did not assign 'result'", source)
     return _plain_result(scope["result"], source, "the compute block's result")

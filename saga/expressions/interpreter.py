@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
-from saga.errors import ExpressionError
+from saga.errors import ExpressionError, ExpressionLimit
 from saga.expressions.limits import (
     _PLAIN,
     _PY_ERRORS,
@@ -31,6 +31,8 @@ from saga.expressions.limits import (
     _str,
     _sum,
     _walk,
+    budget,
+    check_time,
 )
 
 
@@ -96,8 +98,10 @@ _METHODS: dict[type, frozenset[str]] = {
 class _Interpreter:
     """Runs a pre-checked tree against a namespace, one counted node at a time."""
 
-    def __init__(self, source: str, namespace: Mapping[str, Any], max_steps: int) -> None:
+    def __init__(self, source: str, namespace: Mapping[str, Any], max_steps: int,
+                 deadline: float | None = None) -> None:
         self.source, self.namespace, self.max_steps = source, namespace, max_steps
+        self.deadline = deadline
         self.steps = 0
         self.copies: dict[str, Any] = {}  # namespace values read so far, deep-copied
         self.scopes: list[dict[str, Any]] = [{}]  # block locals, then comprehension scopes
@@ -147,7 +151,10 @@ class _Interpreter:
         """Evaluate one node, counting it against the budget and locating any error."""
         self.steps += 1
         if self.steps > self.max_steps:
-            raise ExpressionError("expression exceeded its step budget", self.source)
+            raise ExpressionLimit("expression limit: more than its step budget of "
+                                  f"{self.max_steps} evaluated nodes", self.source)
+        if not self.steps & 1023:  # the clock, every 1,024 nodes: cheap, and soon enough
+            check_time(self.deadline, self.source)
         handler = self.handlers.get(type(node))
         if handler is None:
             raise self.error(node, f"{_describe(node)} is not allowed")
@@ -442,11 +449,11 @@ def _prepare(source: str, mode: str, kind: str) -> ast.AST:
 
 
 def _run(source: str, mode: str, namespace: Mapping[str, Any],
-         max_steps: int) -> tuple[Any, dict[str, Any]]:
+         max_steps: int, seconds: float | None = None) -> tuple[Any, dict[str, Any]]:
     """Check and interpret ``source``: its value (conditions) and its locals (compute)."""
     kind = "condition" if mode == "eval" else "compute block"
     tree = _prepare(source, mode, kind)
-    interpreter = _Interpreter(source, namespace, max_steps)
+    interpreter = _Interpreter(source, namespace, max_steps, budget(seconds))
     try:
         return interpreter.visit(tree), interpreter.locals
     except RecursionError:

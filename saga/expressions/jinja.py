@@ -15,17 +15,22 @@ from jinja2.exceptions import SecurityError, TemplateError, TemplateSyntaxError
 from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
 
-from saga.errors import ExpressionError
+from saga.errors import ExpressionError, ExpressionLimit
 from saga.expressions.interpreter import (
     _finalize,
 )
 from saga.expressions.limits import (
+    _DEADLINE,
+    _MAX_SIZE,
     _PY_ERRORS,
     _mod,
     _mul,
     _pow,
     _Refusal,
     _walk,
+    budget,
+    check_time,
+    guarded,
 )
 
 
@@ -43,13 +48,19 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         return {"*": _mul, "**": _pow, "%": _mod}[operator](left, right)
 
 
-_ENV = _Sandbox(undefined=StrictUndefined, keep_trailing_newline=True, finalize=_finalize)
+# optimized=False: Jinja would otherwise fold constant expressions (``10 ** 10 ** 6``) at
+# compile time, past the sandbox's checked operators.
+_ENV = _Sandbox(undefined=StrictUndefined, keep_trailing_newline=True, finalize=_finalize,
+                optimized=False)
 _ENV.globals.clear()  # cycler, joiner, lipsum and namespace are not needed
 _ENV.globals.update(range=safe_range, dict=dict)
 _ENV.filters.update(
     json=lambda value, indent=None: json.dumps(value, indent=indent, ensure_ascii=False),
     fromjson=json.loads,
 )
+# Compiled templates call filters directly, past the sandbox: each one is checked itself
+# (center(10**9) is refused before it allocates a gigabyte).
+_ENV.filters.update({name: guarded(f) for name, f in _ENV.filters.items()})
 
 
 def _whole_template(text: str) -> bool:
@@ -99,13 +110,37 @@ def _template_errors(source: str) -> Iterator[None]:
 
 
 def _render_string(source: str, namespace: Mapping[str, Any]) -> Any:
-    with _template_errors(source):
-        expression = _native_expression(source)
-        if expression is None:
-            return _text_template(source).render(dict(namespace))
-        value = expression(dict(namespace))
-        _walk(value, plain=True)
-        return str(value) if isinstance(value, str) else value  # Markup -> str
+    deadline = budget()
+    token = _DEADLINE.set(deadline)
+    try:
+        with _template_errors(source):
+            expression = _native_expression(source)
+            if expression is None:
+                return _bounded_text(source, namespace, deadline)
+            return _plain_template_value(expression(dict(namespace)))
+    finally:
+        _DEADLINE.reset(token)
+
+
+def _bounded_text(source: str, namespace: Mapping[str, Any], deadline: float) -> str:
+    """A text template rendered piece by piece, stopped when it runs past its deadline or
+    past the size limit (a loop in a loop makes text faster than it can be checked
+    after)."""
+    parts: list[str] = []
+    size = 0
+    for part in _text_template(source).generate(dict(namespace)):
+        size += len(part)
+        if size > _MAX_SIZE:
+            raise ExpressionLimit(f"expression limit: the template makes more than "
+                                  f"{_MAX_SIZE} characters (max_value_size)", source)
+        check_time(deadline, source)
+        parts.append(part)
+    return "".join(parts)
+
+
+def _plain_template_value(value: Any) -> Any:
+    _walk(value, plain=True)
+    return str(value) if isinstance(value, str) else value  # Markup -> str
 
 
 def _template_strings(value: Any) -> Iterator[str]:

@@ -3,12 +3,20 @@ operations that check a size before they allocate it."""
 
 from __future__ import annotations
 
+import functools
 import re
+import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 from jinja2 import Undefined
 
+from saga.errors import ExpressionLimit
+
+#: Seconds one template, condition or compute block may take (wall clock, checked from
+#: inside: a CPU-bound block is stopped, never killed from outside).
+DEFAULT_SECONDS = 2.0
 DEFAULT_MAX_STEPS = 1_000_000  # nodes a condition or compute block may visit
 
 
@@ -179,3 +187,51 @@ def _format(value: Any, spec: str) -> str:
 
 
 # -- the interpreter ------------------------------------------------------------------------
+
+
+#: The evaluation's deadline (a ``time.monotonic()`` value), for what runs inside it.
+_DEADLINE: ContextVar[float | None] = ContextVar("saga_expression_deadline", default=None)
+_SECONDS = [DEFAULT_SECONDS]
+
+
+def configure(seconds: float | None = None) -> None:
+    """Set the wall-clock budget of every evaluation in this process (saga.toml
+    ``[limits] expression_seconds``)."""
+    if seconds is not None:
+        if seconds <= 0:
+            raise ValueError("expression_seconds must be positive")
+        _SECONDS[0] = float(seconds)
+
+
+def budget(seconds: float | None = None) -> float:
+    """The deadline of an evaluation starting now: the configured budget, or ``seconds``
+    when shorter (a step's timeout), or the deadline of an evaluation it runs inside."""
+    limit = _SECONDS[0] if seconds is None else min(seconds, _SECONDS[0])
+    own = time.monotonic() + limit
+    outer = _DEADLINE.get()
+    return own if outer is None else min(own, outer)
+
+
+def check_time(deadline: float | None, source: str | None = None) -> None:
+    """ExpressionLimit once the deadline passed."""
+    if deadline is not None and time.monotonic() > deadline:
+        raise ExpressionLimit(f"expression limit: took longer than its {_SECONDS[0]:g}s "
+                              "budget ([limits] expression_seconds)", source)
+
+
+def guarded(func: Callable[..., Any]) -> Callable[..., Any]:
+    """A template filter or function checked like the interpreter's operations: not past
+    the deadline, no size argument past the limits, no result past them."""
+    @functools.wraps(func)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        check_time(_DEADLINE.get())
+        for arg in (*args, *kwargs.values()):
+            if isinstance(arg, int) and not isinstance(arg, bool) and abs(arg) > _MAX_SIZE:
+                raise ExpressionLimit(f"expression limit: {func.__name__}() given {arg} "
+                                      f"(max_value_size {_MAX_SIZE})")
+        result = func(*args, **kwargs)
+        if isinstance(result, str | list | dict) and len(result) > _MAX_SIZE:
+            raise ExpressionLimit(f"expression limit: {func.__name__}() made a value of "
+                                  f"{len(result)} (max_value_size {_MAX_SIZE})")
+        return result
+    return call

@@ -136,7 +136,8 @@ def retry_decision(plan: Plan, step_id: str, attempt: int, error_type: str,
             return False
         if policy.retry_on is not None and error_type not in policy.retry_on:
             return False
-    return error_type not in ("ExpressionError", "ApprovalRejected", "UnknownToolError")
+    return error_type not in ("ExpressionError", "ExpressionLimit", "ApprovalRejected",
+                              "UnknownToolError")
 
 
 def max_attempts(plan: Plan, step: Step) -> int:

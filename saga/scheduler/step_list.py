@@ -222,7 +222,7 @@ def _repeat_actions(view: _View, step: Step, parent: dict[str, Any]) -> list[Act
     try:
         finished = bool(expressions.evaluate(step.until or "", names))
     except ExpressionError as e:
-        return [FailStep(step.id, 0, 1, "ExpressionError", f"until: {e}")]
+        return [FailStep(step.id, 0, 1, type(e).__name__, f"until: {e}")]
     if finished:
         return [CompleteStep(step.id, 0, last["output"])]
     if done >= bound:
@@ -238,7 +238,7 @@ def _repeat_start(view: _View, step: Step, iteration: int, previous: Any) -> Act
     try:
         return StartStep(step.id, iteration, 1, expressions.render(step.parameters, names))
     except ExpressionError as e:
-        return FailStep(step.id, iteration, 1, "ExpressionError", f"parameters: {e}")
+        return FailStep(step.id, iteration, 1, type(e).__name__, f"parameters: {e}")
 
 
 def _use_start(view: _View, step: Step, iteration: int, names: dict[str, Any]) -> Action:
@@ -246,7 +246,7 @@ def _use_start(view: _View, step: Step, iteration: int, names: dict[str, Any]) -
     try:
         inputs = expressions.render(step.parameters, names)
     except ExpressionError as e:
-        return FailStep(step.id, iteration, 1, "ExpressionError", f"parameters: {e}")
+        return FailStep(step.id, iteration, 1, type(e).__name__, f"parameters: {e}")
     return StartStep(step.id, iteration, 1, {
         "use": step.use, "inputs": inputs,
         "run": child_run_id(view.run.run_id, step.id, iteration)})
@@ -259,7 +259,7 @@ def _iteration_start(view: _View, step: Step, iteration: int, item: Any) -> Acti
     try:
         return StartStep(step.id, iteration, 1, expressions.render(step.parameters, names))
     except ExpressionError as e:
-        return FailStep(step.id, iteration, 1, "ExpressionError", f"parameters: {e}")
+        return FailStep(step.id, iteration, 1, type(e).__name__, f"parameters: {e}")
 
 
 def _signal_delivery(view: _View, step: Step, state: dict[str, Any], name: str,
@@ -283,7 +283,7 @@ def _ready_action(view: _View, step: Step) -> Action | None:
             if not expressions.evaluate(step.condition, view.namespace):
                 return SkipStep(step.id, 0, "condition false")
         except ExpressionError as e:
-            return FailStep(step.id, 0, 1, "ExpressionError", f"condition: {e}")
+            return FailStep(step.id, 0, 1, type(e).__name__, f"condition: {e}")
     approval = _approval(view, step)
     if approval is not None:
         return approval if isinstance(approval, RequestApproval | FailStep) else None
@@ -302,7 +302,7 @@ def _ready_action(view: _View, step: Step) -> Action | None:
         try:
             items = expressions.render(step.loop, view.namespace)
         except ExpressionError as e:
-            return FailStep(step.id, 0, 1, "ExpressionError", f"loop: {e}")
+            return FailStep(step.id, 0, 1, type(e).__name__, f"loop: {e}")
         if not isinstance(items, list):
             return FailStep(step.id, 0, 1, "ExpressionError",
                             f"loop: expected a list, got {type(items).__name__}")
@@ -312,7 +312,7 @@ def _ready_action(view: _View, step: Step) -> Action | None:
     try:
         parameters = expressions.render(step.parameters, view.namespace)
     except ExpressionError as e:
-        return FailStep(step.id, 0, 1, "ExpressionError", f"parameters: {e}")
+        return FailStep(step.id, 0, 1, type(e).__name__, f"parameters: {e}")
     return StartStep(step.id, 0, 1, parameters)
 
 

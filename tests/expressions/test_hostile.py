@@ -1,0 +1,99 @@
+"""Hostile templates, conditions and compute blocks end in bounded time and memory, each
+refused (ExpressionError) or stopped at a limit (ExpressionLimit): never a hung worker."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from saga import Saga
+from saga.errors import ExpressionError, ExpressionLimit
+from saga.expressions import DEFAULT_SECONDS, configure, render, run_compute
+
+
+@pytest.fixture(autouse=True)
+def short_budget() -> Iterator[None]:
+    configure(0.5)
+    yield
+    configure(DEFAULT_SECONDS)
+
+
+COMPUTE = [
+    "result = 'a' * 10**9",
+    "result = f'{1:>{10**6}}'",
+    "result = sum(range(10**9))",
+    "result = 10**10**6",
+    "l = [0]\nfor i in range(40):\n    l = l + l\nresult = len(l)",
+    "result = ','.join(['x' * 9999] * 9999)",
+    "c = 0\nfor i in range(3000):\n    for j in range(3000):\n        c += 1\nresult = c",
+    "x = []\nfor i in range(100000):\n    x = sorted(range(20000), reverse=True)\nresult = 1",
+    "result = [[0] * 100000 for i in range(100000)]",
+    "result = 'ab'.replace('a', 'a' * 10**7)",
+    "result = 'a'.ljust(10**9)",
+    "result = 'a'.center(10**9)",
+    "result = 'a'.zfill(10**9)",
+    "result = str(10**100000)",
+    "d = {}\nfor i in range(10**7):\n    d[i] = i\nresult = 1",
+    "result = [i for i in range(10**6) for j in range(10**6)]",
+    "result = list(range(10**8))",
+    "result = '{:>999999999}'.format(1)",
+    "while True:\n    pass",
+    "import os\nresult = 1",
+    "result = ().__class__.__bases__[0].__subclasses__()",
+    "result = (lambda: 1)()",
+]
+TEMPLATES = [
+    "{{ 'a' * 10**9 }}",
+    "{{ 'a' | center(10**9) }}",
+    "{{ 'a' | indent(10**8) }}",
+    "{{ 'a' | truncate(10**9) }}{{ 'b' * 10**8 }}",
+    "{% for i in range(3000) %}{% for j in range(3000) %}xxxxxxxxxx{% endfor %}{% endfor %}",
+    "{% for i in range(10**7) %}{{ i }}{% endfor %}",
+    "{{ '%999999999d' % 1 }}",
+    "{{ range(10**9) | list }}",
+    "{{ 10 ** (10 ** 6) }}",
+    "{{ ''.__class__.__mro__ }}",
+    "{{ [0] * 10**8 }}",
+    "{% for i in range(100000) %}{{ range(20000) | sort | list | length }}{% endfor %}",
+    "{{ ('a' * 999999) | replace('a', 'aaaaaaaaaaaa') }}",
+    "{{ ('a' * 999999) | join(('b' * 99)) }}",
+    "{{ 'x' | format() * 10**9 }}",
+    "{{ cycler }}",
+    "{{ namespace(a=1) }}",
+]
+
+
+@pytest.mark.parametrize("code", COMPUTE)
+def test_hostile_compute_is_refused_or_limited(code: str) -> None:
+    started = time.monotonic()
+    with pytest.raises(ExpressionError):
+        run_compute(code, {})
+    assert time.monotonic() - started < 10  # a hang is the defect; the budget is 0.5 s
+
+
+@pytest.mark.parametrize("template", TEMPLATES)
+def test_hostile_templates_are_refused_or_limited(template: str) -> None:
+    started = time.monotonic()
+    with pytest.raises(ExpressionError):
+        render(template, {})
+    assert time.monotonic() - started < 10
+
+
+def test_a_cpu_burner_stops_at_the_wall_clock_budget() -> None:
+    code = "x = 0\nfor i in range(100000):\n    x = sorted(range(20000), reverse=True)\nresult = 1"
+    with pytest.raises(ExpressionLimit, match="expression_seconds"):
+        run_compute(code, {})
+
+
+def test_a_step_fails_with_expression_limit_and_the_worker_goes_on(lite: Saga) -> None:
+    flow = {"name": "burn", "steps": [
+        {"id": "burn", "compute": "x = 0\nfor i in range(100000):\n"
+                                  "    x = sorted(range(20000), reverse=True)\nresult = 1"},
+        {"id": "after", "tool": "noop"}]}
+    run = lite.run(lite.load(flow))
+    assert run.status == "failed"
+    assert run.steps["burn"]["error"]["type"] == "ExpressionLimit"
+    assert lite.run(lite.load({"name": "fine", "steps": [{"id": "a", "tool": "noop"}]})
+                    ).status == "completed"
