@@ -330,9 +330,11 @@ class Saga:
             self._append(run_id, record)
 
     def compensate(self, run_id: str, *, actor: str | None = None, reason: str | None = None,
-                   on_events: EventHook | None = None) -> Run:
-        """Undo a run's completed steps (those that declare a compensation)."""
-        return self._undo(run_id, actor, reason or "compensation requested", False, on_events)
+                   on_events: EventHook | None = None, drive: bool = True) -> Run:
+        """Undo a run's completed steps (those that declare a compensation; ``drive``: here
+        and now, else a worker does it)."""
+        return self._undo(run_id, actor, reason or "compensation requested", False, on_events,
+                          drive)
 
     def cancel(self, run_id: str, *, actor: str | None = None, reason: str | None = None,
                on_events: EventHook | None = None, drive: bool = True) -> Run:

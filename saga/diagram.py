@@ -66,3 +66,19 @@ def dot(plan: Any, run: Any | None = None) -> str:
         lines.append(f'    "{source}" -> "{target}";')
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def layout(plan: Any, run: Any | None = None) -> dict[str, Any]:
+    """The plan as data for a drawing: each node with its level (steps of one level can
+    run together), kind, label and status (when a run is given), and the edges."""
+    statuses = _statuses(plan, run)
+    nodes = []
+    for level, members in enumerate(plan.levels()):
+        for row, step_id in enumerate(members):
+            step = plan.step(step_id)
+            kind = "tool" if step.tool else "use" if step.use else "compute"
+            nodes.append({"id": step_id, "level": level, "row": row, "kind": kind,
+                          "label": _label(plan, step_id), "status": statuses.get(step_id),
+                          "colour": _COLOURS.get(statuses.get(step_id, ""), "#ffffff")})
+    edges = [[s, t] for s, t in plan.graph.edges if s in plan.order and t in plan.order]
+    return {"nodes": nodes, "edges": edges}

@@ -1,11 +1,16 @@
-"""Runs as JSON: the shape ``saga status``, ``saga list``, the API and the viewer show."""
+"""Runs and their events as JSON: the shapes ``saga status``, ``saga list``,
+``saga watch``, the API and the viewer show."""
 
 from __future__ import annotations
 
 import json
 from typing import Any, TypedDict
 
-from saga.domain import Run, RunStatus
+from saga.domain import ENDINGS, Run, RunStatus, run_uuid
+from saga.store.application import SagaApplication, event_json
+
+#: Events read from the log per look.
+PAGE = 200
 
 
 def row_summary(row: dict[str, Any]) -> dict[str, Any]:
@@ -61,3 +66,65 @@ def run_summary(run: Run, steps: bool = True) -> dict[str, Any]:
         for step_id, approval in run.approvals.items():
             out["steps"].setdefault(step_id, {"status": "pending"})["approval"] = approval
     return out
+
+
+def run_events_after(app: SagaApplication, run_id: str,
+                     after: int) -> tuple[list[dict[str, Any]], bool]:
+    """The run's events after version ``after`` as JSON, and whether the run has ended."""
+    store = app.repository.event_store
+    uid = run_uuid(run_id)
+    events = [event_json(e) for e in store.get(uid, gt=after, limit=PAGE)]
+    if events:
+        return events, len(events) < PAGE and events[-1]["type"] in ENDINGS
+    tail = list(store.get(uid, desc=True, limit=1))
+    return [], bool(tail) and type(tail[0]).__name__ in ENDINGS
+
+
+class LogReader:
+    """Reads the store's notification log as JSON events, each with its run's id (the
+    name its caller chose, or its UUID) and position."""
+
+    def __init__(self, app: SagaApplication) -> None:
+        self.app = app
+        self._runs: dict[str, dict[str, Any]] = {}  # uuid -> what seed 002 events need
+
+    def after(self, position: int) -> list[dict[str, Any]]:
+        """Up to a page of events after ``position``."""
+        app = self.app
+        out = []
+        for n in app.recorder.select_notifications(start=position + 1, limit=PAGE):
+            event = event_json(app.mapper.to_domain_event(n))
+            event["position"] = n.id
+            event["run_id"] = self.run(str(n.originator_id), event)["run_id"]
+            out.append(event)
+        return out
+
+    def run(self, uid: str, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What is known of a run: its id, composition name, start time and step kinds."""
+        if uid not in self._runs:
+            if len(self._runs) > 10_000:
+                self._runs.clear()
+            if event is not None and event["type"] == "RunStarted":
+                payload = event["payload"]
+                started = {"context": payload.get("context") or {},
+                           "definition": payload.get("definition") or {},
+                           "timestamp": event["timestamp"], "id": uid}
+            else:
+                r = self.app.get_run(uid)
+                started = {"context": r.context, "definition": r.definition,
+                           "timestamp": r.started_at, "id": uid}
+            self._runs[uid] = _run_facts(started)
+        return self._runs[uid]
+
+
+def _run_facts(started: dict[str, Any]) -> dict[str, Any]:
+    definition = started["definition"]
+    kinds = {}
+    for step in definition.get("steps") or ():
+        if isinstance(step, dict) and "id" in step:
+            kinds[str(step["id"])] = ("tool" if step.get("tool") else "compute"
+                                      if step.get("compute") is not None else
+                                      "use" if step.get("use") else "step")
+    return {"run_id": str(started["context"].get("run_id") or started["id"]),
+            "name": definition.get("name", ""), "started_at": started["timestamp"],
+            "kinds": kinds}

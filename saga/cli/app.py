@@ -65,6 +65,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
              "Start a run of FILE (a file or a template's name) and drive it here until..."),
     'schedule': ('saga.cli.admin',
                   'Compositions started on a cron expression or every N seconds, fired by...'),
+    'serve': ('saga.cli.service',
+               'Serve the HTTP API, live event streams and the web run viewer.'),
     'signal': ('saga.cli.runs',
                 'Send the signal NAME to a run: the first step waiting for it continues with...'),
     'status': ('saga.cli.runs',
@@ -79,6 +81,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                  'Let a paused run go on (a worker continues it).'),
     'validate': ('saga.cli.runs',
                   'Check a composition; print its execution levels and critical path.'),
+    'watch': ('saga.cli.service',
+               "Follow events as they are recorded: one RUN's, or every run's."),
     'worker': ('saga.cli.admin',
                 'Claim runnable runs and drive them (new, interrupted, approved, redriven).'),
 }

@@ -175,7 +175,9 @@ class Step(_Model):
     tool: str | None = None
     compute: str | None = None
     use: str | None = Field(default=None, min_length=1)
-    parameters: dict[str, Any] = Field(default_factory=dict, alias="args")
+    # A mapping, or one whole-value template that renders to a mapping at run time
+    # (``"{{ steps.prepare }}"``): the parameters a step builds from earlier outputs.
+    parameters: dict[str, Any] | str = Field(default_factory=dict, alias="args")
     depends_on: list[str] | None = None
     output_key: str | None = Field(default=None, alias="output")
     condition: str | None = Field(default=None, alias="when")
@@ -232,6 +234,10 @@ class Step(_Model):
             raise ValueError("a sleep or signal step takes no parameters and cannot loop")
         if self.compute is not None and self.parameters:
             raise ValueError("a compute step takes no parameters")
+        if isinstance(self.parameters, str) and not re.fullmatch(
+                r"\s*\{\{.*\}\}\s*", self.parameters, re.DOTALL):
+            raise ValueError("parameters are a mapping, or one '{{ expression }}' that "
+                             "renders to a mapping")
         if self.loop is not None and self.compute is not None:
             raise ValueError("'loop' needs a tool or use step")
         if self.until is not None and (self.max_iterations is None or self.loop is not None

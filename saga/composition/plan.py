@@ -158,7 +158,7 @@ def _own_compensations(definition: Definition, tools: Any) -> Definition:
         tool = tools.get(step.tool) if step.tool is not None else None
         can_undo = getattr(tool, "can_undo", None)
         return "compensate" not in step.model_fields_set and callable(can_undo) \
-            and bool(can_undo(step.parameters))
+            and isinstance(step.parameters, dict) and bool(can_undo(step.parameters))
 
     steps = [step.model_copy(update={"compensate": ToolCall()}) if undoes(step) else step
              for step in definition.steps]
@@ -339,7 +339,7 @@ def _tool_problems(step: Step, where: str,
             continue
         check = getattr(tools[name], "check_parameters", None) if isinstance(tools, Mapping) \
             else None
-        if check is not None:
+        if check is not None and isinstance(params, dict):  # a template is checked when run
             problems += [Problem(f"{where}.{prefix}parameters", msg) for msg in check(params)]
     own = step.compensate is not None and step.compensate.uses_tool_compensation
     if own and step.tool is not None and isinstance(tools, Mapping) and step.tool in tools \

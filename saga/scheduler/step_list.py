@@ -236,15 +236,24 @@ def _repeat_start(view: _View, step: Step, iteration: int, previous: Any) -> Act
     if step.use is not None:
         return _use_start(view, step, iteration, names)
     try:
-        return StartStep(step.id, iteration, 1, expressions.render(step.parameters, names))
+        return StartStep(step.id, iteration, 1, render_parameters(step, names))
     except ExpressionError as e:
         return FailStep(step.id, iteration, 1, type(e).__name__, f"parameters: {e}")
+
+
+def render_parameters(step: Step, names: dict[str, Any]) -> Any:
+    """A step's parameters rendered; a whole-value template must render to a mapping."""
+    parameters = expressions.render(step.parameters, names)
+    if isinstance(step.parameters, str) and not isinstance(parameters, dict):
+        raise ExpressionError(f"{step.parameters.strip()} rendered a "
+                              f"{type(parameters).__name__}, not a mapping")
+    return parameters
 
 
 def _use_start(view: _View, step: Step, iteration: int, names: dict[str, Any]) -> Action:
     """Start a nested composition: its inputs rendered, its child run id derived."""
     try:
-        inputs = expressions.render(step.parameters, names)
+        inputs = render_parameters(step, names)
     except ExpressionError as e:
         return FailStep(step.id, iteration, 1, type(e).__name__, f"parameters: {e}")
     return StartStep(step.id, iteration, 1, {
@@ -257,7 +266,7 @@ def _iteration_start(view: _View, step: Step, iteration: int, item: Any) -> Acti
     if step.use is not None:
         return _use_start(view, step, iteration, names)
     try:
-        return StartStep(step.id, iteration, 1, expressions.render(step.parameters, names))
+        return StartStep(step.id, iteration, 1, render_parameters(step, names))
     except ExpressionError as e:
         return FailStep(step.id, iteration, 1, type(e).__name__, f"parameters: {e}")
 
@@ -310,7 +319,7 @@ def _ready_action(view: _View, step: Step) -> Action | None:
     if not _templated(step.parameters):
         return StartStep(step.id, 0, 1, copy.deepcopy(step.parameters))  # nothing to render
     try:
-        parameters = expressions.render(step.parameters, view.namespace)
+        parameters = render_parameters(step, view.namespace)
     except ExpressionError as e:
         return FailStep(step.id, 0, 1, type(e).__name__, f"parameters: {e}")
     return StartStep(step.id, 0, 1, parameters)

@@ -1,0 +1,103 @@
+"""``saga serve`` (the HTTP API, event streams and viewer) and ``saga watch`` (the same
+events, followed in the terminal)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import click
+
+from saga.cli.app import _saga, main, tools_option
+from saga.cli.render import _event_detail
+from saga.config import load_settings
+from saga.errors import ConfigError
+from saga.views import LogReader, run_events_after
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (beyond loopback, SAGA_API_TOKEN is required).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
+@click.option("--no-worker", is_flag=True,
+              help="Do not drive runs here: other `saga worker` processes do.")
+@click.option("--concurrency", type=click.IntRange(1, 256), default=4, show_default=True,
+              help="Runs the built-in worker drives at once.")
+@tools_option
+def serve(host: str, port: int, no_worker: bool, concurrency: int,
+          tools: tuple[str, ...]) -> None:
+    """Serve the HTTP API, live event streams and the web run viewer.
+
+    \b
+    Example:
+      saga serve --port 8080            # then open http://127.0.0.1:8080/
+      SAGA_API_TOKEN=s3cret saga serve --host 0.0.0.0
+    """
+    try:
+        import uvicorn
+
+        from saga.server.app import create_app
+        from saga.server.service import Tokens, check_bind
+    except ImportError as e:
+        raise ConfigError(f"saga serve needs the serve extra ({e.name} is missing): "
+                          "pip install 'saga[serve]'") from None
+    settings = load_settings()
+    check_bind(host, Tokens.from_env())
+    app = create_app(settings, tools=tools, worker=not no_worker, concurrency=concurrency)
+    click.echo(f"saga serving http://{host}:{port}/ on {settings.store_description}"
+               f"{'' if no_worker else f' with a worker ({concurrency} at once)'}", err=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+@main.command()
+@click.argument("run_id", required=False)
+@click.option("--after", type=click.IntRange(min=0), default=0,
+              help="Start after this id (a version for a RUN, else a log position): "
+                   "the first column of an earlier watch, to go on where it stopped.")
+@click.option("--follow/--no-follow", default=True, show_default=True,
+              help="Keep following (a RUN's watch ends with the run).")
+@click.option("--poll", type=click.FloatRange(0.05, 60), default=0.25, show_default=True,
+              help="Seconds between looks at the store.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON event per line.")
+def watch(run_id: str | None, after: int, follow: bool, poll: float, as_json: bool) -> None:
+    """Follow events as they are recorded: one RUN's, or every run's.
+
+    \b
+    Example:
+      saga watch ORDER-42              # until the run ends
+      saga watch --after 1200          # every run, from log position 1200 on
+    """
+    saga = _saga()
+    app = saga.app
+    if run_id is not None:
+        run_key = saga.resolve(run_id)
+        position = after
+        while True:
+            events, ended = run_events_after(app, run_key, position)
+            for event in events:
+                _show(event["version"], run_key, event, as_json)
+                position = event["version"]
+            if ended or (not follow and not events):
+                return
+            if not events:
+                time.sleep(poll)
+    reader = LogReader(app)
+    position = after
+    while True:
+        events = reader.after(position)
+        for event in events:
+            _show(event["position"], event["run_id"], event, as_json)
+            position = event["position"]
+        if not events:
+            if not follow:
+                return
+            time.sleep(poll)
+
+
+def _show(ident: int, run_id: str, event: dict[str, object], as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps({"id": ident, "run_id": run_id, **event}, default=str,
+                              ensure_ascii=False))
+        return
+    click.echo(f"{ident:>6} {event['timestamp']} {run_id} {event['type']:<18} "
+               f"{_event_detail(event)}")

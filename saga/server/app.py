@@ -1,0 +1,170 @@
+"""The ASGI app behind ``saga serve``: who may call it, the body limit, the routes, and
+the viewer's pages.
+
+Access: with ``SAGA_API_TOKEN`` set, every request but ``/api/v1/health`` carries
+``Authorization: Bearer <token>`` (a page or an event stream may carry it in the
+``saga_token`` cookie instead, which the viewer sets; a change never may, so no other
+site can make a browser change a run). ``SAGA_API_READ_TOKEN`` reads but cannot change.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from http.cookies import SimpleCookie
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from urllib.parse import unquote
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from saga.config import Settings, load_settings
+from saga.errors import SagaError
+from saga.server import compositions, runs, streams
+from saga.server.service import Service, Tokens, error_response
+
+VIEWER = Path(__file__).resolve().parent / "viewer"
+HEALTH = "/api/v1/health"
+#: The largest request body accepted (bytes; ``SAGA_API_MAX_BODY`` overrides).
+MAX_BODY = 1 << 20
+_COOKIE = "saga_token"
+
+
+class Guard:
+    """ASGI middleware: tokens, read-only access, and the request body limit."""
+
+    def __init__(self, app: ASGIApp, tokens: Tokens, max_body: int) -> None:
+        self.app, self.tokens, self.max_body = app, tokens, max_body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        safe = scope["type"] == "websocket" or scope.get("method") in ("GET", "HEAD")
+        presented = _bearer(headers)
+        if presented is None and safe:
+            presented = _cookie(headers)
+        access = "write" if scope["path"] == HEALTH else self.tokens.access(presented)
+        if access is None:
+            await _deny(scope, receive, send, 401, "a valid bearer token is required")
+            return
+        if not safe and access != "write":
+            await _deny(scope, receive, send, 403, "this token may read but not change runs")
+            return
+        scope.setdefault("state", {})["access"] = access
+        if scope["type"] == "http" and not safe:
+            length = headers.get("content-length")
+            if length and length.isdigit() and int(length) > self.max_body:
+                await _deny(scope, receive, send, 413,
+                            f"the request body is over {self.max_body} bytes")
+                return
+            receive = self._limited(receive)
+        await self.app(scope, receive, send)
+
+    def _limited(self, receive: Receive) -> Receive:
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_body:
+                raise HTTPException(413, f"the request body is over {self.max_body} bytes")
+            return message
+        return limited
+
+
+def _bearer(headers: Headers) -> str | None:
+    value = headers.get("authorization", "")
+    scheme, _, token = value.partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+def _cookie(headers: Headers) -> str | None:
+    jar: SimpleCookie = SimpleCookie()
+    try:
+        jar.load(headers.get("cookie", ""))
+    except Exception:  # a malformed cookie header is no token
+        return None
+    morsel = jar.get(_COOKIE)
+    return unquote(morsel.value) if morsel is not None and morsel.value else None
+
+
+async def _deny(scope: Scope, receive: Receive, send: Send, status: int, detail: str) -> None:
+    if scope["type"] == "websocket":
+        await send({"type": "websocket.close", "code": 4000 + status})
+        return
+    accept = Headers(scope=scope).get("accept", "")
+    page = status == 401 and not scope["path"].startswith("/api") and "text/html" in accept
+    response: Response = (
+        HTMLResponse((VIEWER / "login.html").read_text(encoding="utf-8"), status)
+        if page else JSONResponse({"detail": detail}, status))
+    if status == 401:
+        response.headers["WWW-Authenticate"] = "Bearer"
+    await response(scope, receive, send)
+
+
+def create_app(settings: Settings | None = None, *, tools: tuple[str, ...] = (),
+               tokens: Tokens | None = None, worker: bool = True, concurrency: int = 4,
+               max_body: int | None = None) -> FastAPI:
+    """The service's ASGI app over the configured store."""
+    service = Service(settings or load_settings(), tools=tools, tokens=tokens, worker=worker,
+                      concurrency=concurrency)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        service.start()
+        try:
+            yield
+        finally:
+            service.stop()
+
+    app = FastAPI(title="saga", version=_version(), lifespan=lifespan,
+                  description="Durable sagas on an event-sourced log: runs, their events "
+                              "live, approvals, redrive, audit and reports.")
+    app.state.service = service
+    limit = max_body if max_body is not None else int(os.environ.get("SAGA_API_MAX_BODY",
+                                                                     MAX_BODY))
+    app.add_middleware(Guard, tokens=service.tokens, max_body=limit)
+
+    async def saga_error(_: Request, e: Exception) -> Response:
+        assert isinstance(e, SagaError)
+        return error_response(e)
+    app.add_exception_handler(SagaError, saga_error)
+
+    app.include_router(runs.router)
+    app.include_router(compositions.router)
+    app.include_router(streams.router)
+    _viewer_routes(app)
+    return app
+
+
+def _viewer_routes(app: FastAPI) -> None:
+    files = {p.name for p in VIEWER.iterdir() if p.suffix in (".js", ".css", ".svg")}
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def index() -> FileResponse:
+        return FileResponse(VIEWER / "index.html")
+
+    @app.get("/runs/{run_id}", response_class=HTMLResponse, include_in_schema=False)
+    def run_page(run_id: str) -> FileResponse:
+        return FileResponse(VIEWER / "run.html")
+
+    @app.get("/static/{name}", include_in_schema=False)
+    def static(name: str) -> FileResponse:
+        if name not in files:
+            raise HTTPException(404, "no such file")
+        return FileResponse(VIEWER / name)
+
+
+def _version() -> str:
+    try:
+        return version("saga")
+    except PackageNotFoundError:
+        return "0"
+

@@ -1,0 +1,309 @@
+"""saga's own resource API under ``/api/v1``: runs, their history, approvals, redrive,
+graph, verification, reports and schedules.
+
+A change answers with the run as it is after the change; the worker (this service's
+own, or any other on the store) does what the change calls for.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Path, Query, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from saga import audit, diagram, report
+from saga.api import Saga
+from saga.composition import Plan, plan_of
+from saga.composition.library import find_template
+from saga.errors import InputError, Problem
+from saga.server.service import Service
+from saga.server.streams import run_event_stream, wants_stream
+
+router = APIRouter(prefix="/api/v1", tags=["runs"])
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RunRequest(_Body):
+    """A run to submit: a composition (inline) or a template (by name), with inputs."""
+
+    composition: dict[str, Any] | None = Field(default=None,
+                                               description="The composition itself.")
+    template: str | None = Field(default=None,
+                                 description="A template's name (saga templates list).")
+    inputs: dict[str, Any] = Field(default_factory=dict)
+    run_id: str | None = Field(default=None,
+                               description="Your name for the run: starting it again "
+                                                 "with the same composition and inputs "
+                                                 "returns the same run.")
+    labels: dict[str, str] = Field(default_factory=dict)
+    mode: str | None = Field(default=None, description="The run's mode (eco skips enhancements).")
+    timeout: float | str | None = Field(default=None, description="Seconds, or 10m, 2h: the run "
+                                                          "fails and is undone past it.")
+
+
+class Comment(_Body):
+    """A comment recorded with an approval or a rejection."""
+
+    comment: str | None = None
+
+
+class Reason(_Body):
+    """Why a run is cancelled, retried or undone (recorded)."""
+
+    reason: str | None = None
+
+
+class ScheduleRequest(_Body):
+    """A schedule: a template or composition started on a cron or every N seconds."""
+
+    name: str
+    template: str | None = None
+    composition: dict[str, Any] | None = None
+    inputs: dict[str, Any] = Field(default_factory=dict)
+    cron: str | None = None
+    every: str | None = None
+    timezone: str = "UTC"
+    catch_up: str = "skip"
+    replace: bool = False
+
+
+def service(request: Request) -> Service:
+    """The service the app was built with."""
+    svc: Service = request.app.state.service
+    return svc
+
+
+def load_plan(saga: Saga, composition: dict[str, Any] | None, template: str | None) -> Plan:
+    """The plan of an inline composition or a template (never a path on this host)."""
+    if (composition is None) == (template is None):
+        raise InputError([Problem("body", "give exactly one of composition and template")])
+    if template is not None:
+        return saga.load(find_template(template, saga.settings))
+    assert composition is not None
+    return saga.load(composition)
+
+
+@router.get("/health", tags=["service"])
+def health(request: Request) -> JSONResponse:
+    """Whether the service can reach its store (no token needed)."""
+    svc = service(request)
+    body = {"status": "ok", "store": svc.settings.store_description,
+            "worker": svc.worker_alive, "version": request.app.version}
+    try:
+        body["position"] = svc.saga.app.recorder.max_notification_id() or 0
+    except Exception as e:
+        body.update(status="unavailable", detail=" ".join(str(e).split())[:200])
+        return JSONResponse(body, 503)
+    return JSONResponse(body)
+
+
+@router.get("/runs")
+def list_runs(request: Request, status: str | None = None, definition: str | None = None,
+              actor: str | None = None, label: Annotated[list[str] | None, Query()] = None,
+              since: str | None = None, until: str | None = None,
+              limit: int = Query(50, ge=0, le=1000)) -> list[dict[str, Any]]:
+    """Runs, newest first, filtered by status, definition, actor, labels (``key=value``,
+    all must match) and start time."""
+    labels = {}
+    for pair in label or ():
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise InputError([Problem("label", f"{pair!r} is not key=value")])
+        labels[key] = value
+    return service(request).saga.list_runs(status, limit, since, definition=definition,
+                                           actor=actor, labels=labels, until=until)
+
+
+@router.post("/runs", status_code=202)
+def submit(request: Request, body: RunRequest) -> JSONResponse:
+    """Record a run; a worker drives it. 202 with its id (and, when ``run_id`` names a run
+    already started with the same composition and inputs, that run: nothing starts
+    again; other inputs under it are a 409)."""
+    svc = service(request)
+    plan = load_plan(svc.saga, body.composition, body.template)
+    options: dict[str, Any] = {}
+    if body.mode:
+        options["mode"] = body.mode
+    if body.timeout is not None:
+        options["timeout"] = body.timeout
+    run = svc.saga.submit(plan, body.inputs, actor=svc.actor(request), labels=body.labels,
+                          options=options, run_id=body.run_id)
+    return JSONResponse({"run_id": run.run_id, "status": run.status, "name": run.name,
+                         "url": f"/api/v1/runs/{run.run_id}"}, 202)
+
+
+@router.get("/runs/{run_id}")
+def get_run(request: Request, run_id: str) -> dict[str, Any]:
+    """The run's state: status, steps, outputs, error, and its child runs."""
+    return service(request).saga.status(run_id)
+
+
+@router.get("/runs/{run_id}/events", responses={200: {"content": {"text/event-stream": {}}}})
+def events(request: Request, run_id: str, after: int = Query(0, ge=0)) -> Response:
+    """The run's history as JSON; with ``Accept: text/event-stream``, a live stream of
+    its events from ``Last-Event-ID`` (or ``after``) until the run ends."""
+    svc = service(request)
+    if wants_stream(request):
+        return run_event_stream(request, svc, svc.saga.resolve(run_id), after)
+    return JSONResponse([e for e in svc.saga.history(run_id) if e["version"] > after])
+
+
+@router.post("/runs/{run_id}/approve/{step_id}")
+def approve(request: Request, run_id: str, step_id: str,
+            body: Comment | None = None) -> dict[str, Any]:
+    """Grant the approval a waiting step asked for."""
+    svc = service(request)
+    run = svc.saga.approve(run_id, step_id, actor=svc.actor(request),
+                           comment=body.comment if body else None)
+    return svc.saga.status(run.run_id)
+
+
+@router.post("/runs/{run_id}/reject/{step_id}")
+def reject(request: Request, run_id: str, step_id: str,
+           body: Comment | None = None) -> dict[str, Any]:
+    """Reject it: the step fails and the run follows its failure policy."""
+    svc = service(request)
+    run = svc.saga.reject(run_id, step_id, actor=svc.actor(request),
+                          comment=body.comment if body else None)
+    return svc.saga.status(run.run_id)
+
+
+@router.post("/runs/{run_id}/cancel")
+def cancel(request: Request, run_id: str, body: Reason | None = None) -> dict[str, Any]:
+    """Cancel an unfinished run: its completed steps are undone, then it ends cancelled."""
+    svc = service(request)
+    run = svc.saga.cancel(run_id, actor=svc.actor(request),
+                          reason=body.reason if body else None, drive=False)
+    return svc.saga.status(run.run_id)
+
+
+@router.post("/runs/{run_id}/retry")
+def retry(request: Request, run_id: str, body: Reason | None = None) -> dict[str, Any]:
+    """Redrive a failed run from its failed steps, keeping completed work."""
+    svc = service(request)
+    run = svc.saga.retry(run_id, actor=svc.actor(request),
+                         reason=body.reason if body else None, drive=False)
+    return svc.saga.status(run.run_id)
+
+
+@router.post("/runs/{run_id}/compensate")
+def compensate(request: Request, run_id: str, body: Reason | None = None) -> dict[str, Any]:
+    """Undo a run's completed steps, in reverse completion order."""
+    svc = service(request)
+    run = svc.saga.compensate(run_id, actor=svc.actor(request),
+                              reason=body.reason if body else None, drive=False)
+    return svc.saga.status(run.run_id)
+
+
+@router.post("/runs/{run_id}/signals/{name}")
+def signal(request: Request, run_id: str, name: str,
+           data: Annotated[Any, Body(description="The signal's data: the waiting step's "
+                                                 "output.")] = None) -> dict[str, Any]:
+    """Send a signal: the first step waiting for ``name`` (now or later) gets ``data``."""
+    svc = service(request)
+    run = svc.saga.signal(run_id, name, data, actor=svc.actor(request))
+    return svc.saga.status(run.run_id)
+
+
+@router.post("/runs/{run_id}/pause")
+def pause(request: Request, run_id: str, body: Reason | None = None) -> dict[str, Any]:
+    """Pause a run: no new step starts; attempts in flight finish."""
+    svc = service(request)
+    run = svc.saga.pause(run_id, actor=svc.actor(request), reason=body.reason if body else None)
+    return svc.saga.status(run.run_id)
+
+
+@router.post("/runs/{run_id}/unpause")
+def unpause(request: Request, run_id: str) -> dict[str, Any]:
+    """Let a paused run go on."""
+    svc = service(request)
+    run = svc.saga.unpause(run_id, actor=svc.actor(request))
+    return svc.saga.status(run.run_id)
+
+
+@router.get("/runs/{run_id}/graph", responses={200: {"content": {"text/plain": {}}}})
+def graph(request: Request, run_id: str,
+          format: str = Query("mermaid", pattern="^(mermaid|dot|json)$")) -> Response:
+    """The run's graph with its steps coloured by status: Mermaid (default), DOT, or JSON
+    (nodes with their level and status, and edges) as the viewer draws it."""
+    run = service(request).saga.get(run_id)
+    plan = plan_of(run)
+    if format == "json":
+        return JSONResponse(diagram.layout(plan, run))
+    text = (diagram.mermaid if format == "mermaid" else diagram.dot)(plan, run)
+    return PlainTextResponse(text)
+
+
+@router.get("/runs/{run_id}/verify")
+def verify(request: Request, run_id: str) -> dict[str, Any]:
+    """The run's audit chain (and macs, with a key) and a replay of its decisions."""
+    svc = service(request)
+    run_key = svc.saga.resolve(run_id)
+    result = audit.verify_store(svc.settings, [run_key], audit.audit_key(svc.settings))[0]
+    try:
+        divergence = svc.saga.verify(run_key)
+        replayed: dict[str, Any] = {"ok": divergence is None,
+                                    "divergence": str(divergence) if divergence else None}
+    except Exception as e:  # a redacted run cannot be replayed: say so, keep the chain result
+        replayed = {"ok": None, "divergence": None, "detail": " ".join(str(e).split())}
+    chain = result.to_json()
+    return {"run_id": run_id, "ok": bool(result.ok) and replayed["ok"] is not False,
+            "chain": chain, "replay": replayed}
+
+
+@router.get("/report", tags=["reports"], responses={200: {"content": {"text/markdown": {}}}})
+def get_report(request: Request, format: str = Query("json", pattern="^(json|md|csv|html)$"),
+               since: str | None = None, until: str | None = None,
+               definition: str | None = None, actor: str | None = None,
+               status: str | None = None, label: Annotated[list[str] | None, Query()] = None
+               ) -> Response:
+    """The compliance report (``saga report``) of the runs that match."""
+    labels = dict(pair.partition("=")[::2] for pair in label or ())
+    try:
+        built = report.build_report(service(request).saga, since=since, until=until,
+                                    definition=definition, actor=actor, status=status,
+                                    labels=labels)
+    except ValueError as e:
+        raise InputError([Problem("report", str(e))]) from None
+    text = report.render(built, format)
+    media = {"json": "application/json", "md": "text/markdown", "csv": "text/csv",
+             "html": "text/html"}[format]
+    return Response(text, media_type=media)
+
+
+@router.get("/schedules", tags=["schedules"])
+def schedules(request: Request) -> list[dict[str, Any]]:
+    """The schedules and when each fires next."""
+    return [s.to_json() for s in service(request).saga.schedules.all()]
+
+
+@router.post("/schedules", tags=["schedules"], status_code=201)
+def add_schedule(request: Request, body: ScheduleRequest) -> dict[str, Any]:
+    """Add (or with ``replace``, change) a schedule; its inputs are checked now."""
+    saga = service(request).saga
+    plan = load_plan(saga, body.composition, body.template)
+    saga.start(plan, body.inputs)  # the inputs must start a run: checked now, not at 2 am
+    added = saga.schedules.add(body.name, body.template or f"(api) {plan.definition.name}",
+                               plan.record(), body.inputs, cron=body.cron, every=body.every,
+                               timezone=body.timezone, catch_up=body.catch_up,
+                               replace=body.replace)
+    return added.to_json()
+
+
+@router.post("/schedules/{name}/{action}", tags=["schedules"])
+def change_schedule(request: Request, name: str,
+                    action: str = Path(..., pattern="^(pause|resume)$")) -> dict[str, Any]:
+    """Pause or resume a schedule."""
+    return service(request).saga.schedules.set_paused(name, action == "pause").to_json()
+
+
+@router.delete("/schedules/{name}", tags=["schedules"], status_code=204)
+def remove_schedule(request: Request, name: str) -> Response:
+    """Remove a schedule (the runs it started are kept)."""
+    service(request).saga.schedules.remove(name)
+    return Response(status_code=204)

@@ -1,0 +1,149 @@
+"""What the service's routes share: the API tokens, the :class:`Service` (one
+:class:`~saga.api.Saga` over the store, and the worker thread that drives submitted runs),
+and how a saga error answers over HTTP."""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import logging
+import os
+import re
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from saga.api import Saga
+from saga.config import Settings
+from saga.errors import (
+    ConfigError,
+    DefinitionError,
+    InputError,
+    Problem,
+    RunStateError,
+    SagaError,
+)
+
+log = logging.getLogger("saga.server")
+_ACTOR = re.compile(r"^[\w.@:+/-]{1,100}$")
+#: How an error's exit code answers over HTTP.
+_STATUS = {2: 422, 3: 503, 4: 404, 5: 409, 6: 409}
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """The API's bearer tokens: one that may change runs, one that may only read them."""
+
+    write: str | None = None
+    read: str | None = None
+    name: str = "api"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Tokens:
+        """``SAGA_API_TOKEN``, ``SAGA_API_READ_TOKEN`` and ``SAGA_API_TOKEN_NAME``."""
+        env = os.environ if env is None else env
+        return cls(env.get("SAGA_API_TOKEN") or None, env.get("SAGA_API_READ_TOKEN") or None,
+                   env.get("SAGA_API_TOKEN_NAME") or "api")
+
+    @property
+    def required(self) -> bool:
+        """True when requests must present a token."""
+        return bool(self.write or self.read)
+
+    def access(self, presented: str | None) -> str | None:
+        """``write``, ``read`` or None (refused) for a presented token."""
+        if not self.required:
+            return "write"
+        if presented is None:
+            return None
+        if self.write and hmac.compare_digest(presented.encode(), self.write.encode()):
+            return "write"
+        if self.read and hmac.compare_digest(presented.encode(), self.read.encode()):
+            return "read"
+        return None
+
+
+def check_bind(host: str, tokens: Tokens) -> None:
+    """Refuse to listen beyond loopback with no token: anyone who can reach the port could
+    otherwise start and undo runs."""
+    if tokens.required:
+        return
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback:
+        raise ConfigError(f"refusing to serve on {host} without SAGA_API_TOKEN: set a token, "
+                          "or bind to 127.0.0.1")
+
+
+class Service:
+    """What every route shares: one :class:`Saga` over the store, the tokens, and the
+    worker thread that drives the runs the API submits."""
+
+    def __init__(self, settings: Settings, *, tools: tuple[str, ...] = (),
+                 tokens: Tokens | None = None, worker: bool = True, concurrency: int = 4,
+                 poll: float = 0.1) -> None:
+        self.settings, self.tools = settings, tools
+        self.tokens = tokens or Tokens.from_env()
+        self.saga = Saga(settings, tools=tools)
+        self.with_worker, self.concurrency, self.poll = worker, concurrency, poll
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the worker thread (when this service drives runs)."""
+        self.saga.app  # noqa: B018 - the store exists before the worker and the routes use it
+        if self.with_worker and self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="saga-worker", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the worker (attempts in flight are taken up again by any worker) and
+        release the store."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+        self.saga.close()
+
+    @property
+    def worker_alive(self) -> bool:
+        """True while the worker thread runs (False when the service has none)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def _work(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with Saga(self.settings, tools=self.tools) as saga:
+                    saga.sync_schedules()
+                    saga.worker_loop(concurrency=self.concurrency, poll_interval=self.poll,
+                                     lease_seconds=self.settings.lease_seconds
+                                     ).run(stop=self._stop.is_set)
+            except Exception:  # the store went away: look again shortly
+                log.exception("the service's worker stopped; starting it again")
+                self._stop.wait(2.0)
+
+    def actor(self, request: Request) -> str:
+        """Who a change is recorded as: the token's name, with the caller's
+        ``X-Saga-Actor`` after it when given (``api:alice``)."""
+        claimed = request.headers.get("x-saga-actor")
+        if claimed is None:
+            return self.tokens.name
+        if not _ACTOR.match(claimed):
+            raise InputError([Problem("X-Saga-Actor", "letters, digits and ._@:+/- (1 to 100)")])
+        return f"{self.tokens.name}:{claimed}"
+
+
+def error_response(e: SagaError) -> JSONResponse:
+    """A saga error as an HTTP answer: its kind, one line, and every problem with its
+    path for a definition or input error."""
+    status = 409 if isinstance(e, RunStateError) else _STATUS.get(e.exit_code, 500)
+    body: dict[str, Any] = {"error": type(e).__name__, "detail": " ".join(str(e).split())}
+    if isinstance(e, DefinitionError | InputError):
+        body["problems"] = [p.to_json() for p in e.problems]
+    return JSONResponse(body, status)
