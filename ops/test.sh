@@ -6,5 +6,7 @@ cd "$(dirname "$0")/.."
 ruff check saga tests ops
 mypy saga
 bash ops/ensure-postgres.sh
+# The viewer's browser tests need Debian's chromium; without it they skip (never in CI).
+bash ops/ensure-browser.sh || { [ -z "${CI:-}" ] || exit 1; echo "ops/test.sh: no chromium: the browser tests will be skipped" >&2; }
 export SAGA_TEST_DATABASE_URL=${SAGA_TEST_DATABASE_URL:-postgresql://postgres@127.0.0.1:5432/test}
 python -m pytest "$@"

@@ -60,11 +60,13 @@ def workflow_composition(body: WorkflowRequest) -> dict[str, Any]:
     """Seed 000's workflow as a step-list composition: each step's inputs are recorded in
     the definition, and its parameters merge its dependencies' outputs over them."""
     steps = []
+    known = {s.step_id for s in body.steps}
     for s in body.steps:
         step: dict[str, Any] = {"id": s.step_id, "tool": s.skill_id, "depends_on": s.dependencies}
-        if s.dependencies:
+        merging = [dep for dep in s.dependencies if dep in known]  # others: reported once
+        if merging:
             merged = f"inputs.step_inputs[{json.dumps(s.step_id)}]"
-            for dep in s.dependencies:
+            for dep in merging:
                 ref = f"steps[{json.dumps(dep)}]"
                 merged = (f"dict({merged}, **({ref} if {ref} is mapping else "
                           f"{{{json.dumps(dep + '_output')}: {ref}}}))")
