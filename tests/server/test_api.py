@@ -4,6 +4,7 @@ seeds write them."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -277,3 +278,21 @@ def test_schedules_over_http(sqlite_server: Server) -> None:
         assert c.post("/api/v1/schedules/tick/resume").json()["paused"] is False
         assert c.delete("/api/v1/schedules/tick").status_code == 204
         assert c.get("/api/v1/schedules").json() == []
+
+
+def test_the_readme_curl_examples_work_when_pasted(sqlite_server: Server) -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## The service: `saga serve`", 1)[1].split("\n## ", 1)[0]
+    posts = [b for b in re.findall(r"```bash\n(.*?)```", section, re.S) if "curl -s -X POST" in b]
+    assert len(posts) == 2
+    answers = []
+    for block in posts:
+        command = block.replace("http://127.0.0.1:8080", sqlite_server.url)
+        done = subprocess.run(["bash", "-c", command], capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr
+        answers.append(json.loads(done.stdout))
+    assert answers[0]["status"] == "completed"
+    assert answers[0]["results"]["process"] == {"algorithm": "sentiment",
+                                                "url": "https://api.example.com"}
+    assert answers[1]["success"] is False and answers[1]["status"] == "compensated"
