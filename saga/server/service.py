@@ -97,7 +97,10 @@ class Service:
 
     def start(self) -> None:
         """Start the worker thread (when this service drives runs)."""
-        self.saga.app  # noqa: B018 - the store exists before the worker and the routes use it
+        # Everything the routes share is opened here, once, before request threads race
+        # to open it lazily.
+        for part in ("app", "registry", "leases", "projection", "schedules", "cache"):
+            getattr(self.saga, part)
         if self.with_worker and self._thread is None:
             self._thread = threading.Thread(target=self._work, name="saga-worker", daemon=True)
             self._thread.start()
