@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -145,8 +146,16 @@ tools_option = click.option("--tools", "tools", multiple=True, metavar="MODULE",
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 
 
-mode_option = click.option("--mode", type=click.Choice(["normal", "eco"]), default="normal",
-                           show_default=True, help="eco skips enhancement-layer steps.")
+mode_option = click.option(
+    "--mode", default="normal", show_default=True, metavar="NAME",
+    callback=lambda _ctx, _param, value: _mode(value),
+    help="The run's mode, seen as context.mode (eco skips enhancement-layer steps).")
+
+
+def _mode(value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,39}", value):
+        raise click.BadParameter(f"{value!r}: a mode is a name (letters, digits, _ and -)")
+    return value
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
