@@ -31,6 +31,8 @@ def compile_any(data: dict[str, Any], *, tools: Tools = None, source: str | None
     problems = text_problems(data)
     if problems:
         raise DefinitionError(problems, source)
+    if isinstance(data, dict) and "name" not in data and source and Path(source).suffix:
+        data = {"name": Path(source).stem, **data}  # seed 001: the file names it
     if isinstance(data, dict) and "nodes" in data and "steps" not in data:
         return compile_graph(data, tools=tools, source=source)
     return compile_plan(data, tools=tools, source=source)

@@ -1,4 +1,6 @@
-"""What users write: pydantic models of a composition, and loading it from YAML or JSON.
+"""What users write: pydantic models of a composition (text is read by
+:mod:`saga.composition.text`; its ``load_file``, ``parse_text`` and ``text_problems`` are
+re-exported here).
 
 The step-list form is accepted exactly as users' documents write it (JSON with
 ``parameters``/``output_key``/``depends_on``; YAML with ``args``/``output``/``condition``),
@@ -10,10 +12,8 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -24,7 +24,10 @@ from pydantic import (
 )
 
 from saga.chain import definition_hash
-from saga.errors import DefinitionError, InputError, Problem
+from saga.composition.text import load_file as load_file
+from saga.composition.text import parse_text as parse_text
+from saga.composition.text import text_problems as text_problems
+from saga.errors import InputError, Problem
 
 InputType = Literal["string", "integer", "number", "boolean", "array", "object", "any"]
 FailureStrategy = Literal["fail_fast", "partial_success", "rollback", "retry"]
@@ -170,7 +173,7 @@ class HealHandler(_Model):
 class Step(_Model):
     """One step of the step-list form: a tool call or a compute block, and its policies."""
 
-    id: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_\-]*$")
+    id: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_\-]*$", max_length=100)
     description: str | None = None
     tool: str | None = None
     compute: str | None = None
@@ -179,7 +182,7 @@ class Step(_Model):
     # (``"{{ steps.prepare }}"``): the parameters a step builds from earlier outputs.
     parameters: dict[str, Any] | str = Field(default_factory=dict, alias="args")
     depends_on: list[str] | None = None
-    output_key: str | None = Field(default=None, alias="output")
+    output_key: str | None = Field(default=None, alias="output", max_length=100)
     condition: str | None = Field(default=None, alias="when")
     expect: str | None = None
     cache: float | None = Field(default=None, gt=0, description="seconds to reuse the output")
@@ -202,6 +205,29 @@ class Step(_Model):
     confirm: bool | str | None = None
     sleep: float | str | None = Field(default=None, description="seconds, or '10m', '2h'")
     signal: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,99}$")
+    eco_skip: bool | None = Field(default=None, alias="eco-mode-skip",
+                                  description="skipped in eco mode (default: enhancements)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _manifest_keys(cls, data: Any) -> Any:
+        """Seed 003's skill-manifest spellings: ``dependencies`` is ``depends_on``, and
+        ``blocks-on-failure: true|false`` is ``on_error: fail|continue``."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if "dependencies" in data:
+            if "depends_on" in data:
+                raise ValueError("give depends_on or dependencies, not both")
+            data["depends_on"] = data.pop("dependencies")
+        if "blocks-on-failure" in data:
+            blocks = data.pop("blocks-on-failure")
+            if not isinstance(blocks, bool):
+                raise ValueError("blocks-on-failure is true or false")
+            if "on_error" in data:
+                raise ValueError("give on_error or blocks-on-failure, not both")
+            data["on_error"] = "fail" if blocks else "continue"
+        return data
 
     @field_validator("sleep")
     @classmethod
@@ -277,6 +303,11 @@ class Step(_Model):
         return self.layer == "enhancement" and "on_error" not in self.model_fields_set
 
     @property
+    def skipped_in_eco(self) -> bool:
+        """True when eco mode skips this step: ``eco-mode-skip``, else enhancements."""
+        return self.eco_skip if self.eco_skip is not None else self.layer == "enhancement"
+
+    @property
     def sleep_seconds(self) -> float | None:
         """How long a ``sleep`` step waits, in seconds."""
         return None if self.sleep is None else parse_duration(self.sleep)
@@ -318,7 +349,7 @@ class Confirmation(_Model):
 class Definition(_Model):
     """A composition in the step-list form."""
 
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, max_length=200)
     version: str = "1"
     description: str | None = None
     author: str | None = None
@@ -377,125 +408,6 @@ class Definition(_Model):
         return definition_hash(self.to_json())
 
 
-#: How many nodes a document may expand to once its aliases are followed (a YAML
-#: "billion laughs" file is a few lines that expand to billions).
-MAX_EXPANDED_NODES = 200_000
-
-
-class _Loader(yaml.SafeLoader):
-    """YAML's safe loader, refusing duplicate keys (YAML's last-wins hides typos) and
-    documents whose aliases expand beyond :data:`MAX_EXPANDED_NODES`."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, str | int | float | bool) and key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
-    """Nodes the document holds once every alias is expanded (shared nodes counted each
-    time they are used)."""
-    known = memo.get(id(node))
-    if known is not None:
-        return known
-    memo[id(node)] = 1  # a recursive alias counts once instead of forever
-    size = 1
-    if isinstance(node, yaml.MappingNode):
-        size += sum(_expanded_size(k, memo) + _expanded_size(v, memo) for k, v in node.value)
-    elif isinstance(node, yaml.SequenceNode):
-        size += sum(_expanded_size(v, memo) for v in node.value)
-    memo[id(node)] = min(size, MAX_EXPANDED_NODES + 1)
-    return memo[id(node)]
-
-
-def _pairs_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    keys = [k for k, _ in pairs]
-    duplicate = next((k for i, k in enumerate(keys) if k in keys[:i]), None)
-    if duplicate is not None:
-        raise ValueError(f"duplicate key {duplicate!r}")
-    return dict(pairs)
-
-
-def parse_text(text: str, source: str = "<text>") -> dict[str, Any]:
-    """Parse JSON or YAML text into a mapping, or raise DefinitionError.
-
-    JSON is read as JSON first (so ``\\ud83d\\ude00`` escapes, as Python's ``json.dumps``
-    writes them, are one character); anything else as YAML. Either way a duplicate key is
-    an error, and so is a document that expands beyond :data:`MAX_EXPANDED_NODES` nodes.
-    """
-    try:
-        data = _parse(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        detail = getattr(e, "problem", None) or " ".join(str(e).split())
-        raise DefinitionError([Problem(where, f"not valid YAML/JSON: {detail}")], source) from e
-    except (ValueError, RecursionError) as e:
-        detail = "nested too deeply" if isinstance(e, RecursionError) else str(e)
-        raise DefinitionError([Problem("", f"not valid YAML/JSON: {detail}")], source) from e
-    if not isinstance(data, dict):
-        raise DefinitionError([Problem("", "a composition must be a mapping")], source)
-    problems = text_problems(data)
-    if problems:
-        raise DefinitionError(problems, source)
-    return data
-
-
-def _parse(text: str) -> Any:
-    if text.lstrip().startswith("{"):
-        try:
-            return json.loads(text, object_pairs_hook=_pairs_without_duplicates)
-        except json.JSONDecodeError:
-            pass  # YAML's flow style also starts with "{"
-    loader = _Loader(text)
-    try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        if _expanded_size(node, {}) > MAX_EXPANDED_NODES:
-            raise ValueError(f"the document expands to more than {MAX_EXPANDED_NODES} nodes "
-                             "through its aliases")
-        return loader.construct_document(node)
-    finally:
-        loader.dispose()
-
-
-def text_problems(data: Any, path: str = "") -> list[Problem]:
-    """Text no store can keep as a name or value: a NUL character, anywhere."""
-    if isinstance(data, str):
-        return [Problem(path, "contains a NUL character")] if "\x00" in data else []
-    if isinstance(data, dict):
-        problems = []
-        for key, value in data.items():
-            where = f"{path}.{key}" if path else str(key)
-            if isinstance(key, str) and "\x00" in key:
-                problems.append(Problem(path, "a key contains a NUL character"))
-                where = path
-            problems += text_problems(value, where)
-        return problems
-    if isinstance(data, list):
-        return [p for i, v in enumerate(data) for p in text_problems(v, f"{path}[{i}]")]
-    return []
-
-
-def load_file(path: str | Path) -> dict[str, Any]:
-    """Read a composition file (``.yaml``, ``.yml`` or ``.json``) into raw data."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise DefinitionError([Problem("", f"cannot read file: {e.strerror}")], str(path)) from e
-    except UnicodeDecodeError as e:
-        raise DefinitionError([Problem("", f"not UTF-8 text: {e.reason} at byte {e.start}")],
-                              str(path)) from e
-    return parse_text(text, str(path))
-
-
 def build(data: dict[str, Any], source: str | None = None) -> tuple[Definition | None,
                                                                     list[Problem]]:
     """Validate raw data into a Definition; return it (or None) with every model problem."""
@@ -515,6 +427,10 @@ def _problem(err: Any) -> Problem:
     message = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         message = "unknown key (not part of the composition language)"
+    elif isinstance(err.get("input"), bool) and err["type"] == "string_type":
+        word = "yes/on/true" if err["input"] else "no/off/false"
+        message += (f"; YAML reads an unquoted {word} as a boolean: write it in quotes "
+                    f"(id: \"{'on' if err['input'] else 'no'}\")")
     return Problem(path, message)
 
 

@@ -31,7 +31,7 @@ _STEPS_REF = re.compile(r"steps\s*(?:\.\s*([A-Za-z_][\w\-]*)|\[\s*['\"]([^'\"]+)
 _SAFE_BUILTINS = frozenset({
     "len", "str", "int", "float", "bool", "list", "dict", "tuple", "set", "min", "max",
     "sum", "any", "all", "sorted", "reversed", "enumerate", "zip", "range", "abs", "round",
-    "True", "False", "None", "true", "false", "none", "loop", "namespace", "result",
+    "True", "False", "None", "true", "false", "none", "loop", "result",
 })
 
 
@@ -137,7 +137,7 @@ def compile_plan(data: dict[str, Any] | Definition, *,
     if definition is not None:
         problems += _semantic_problems(definition, graph, tools)
     else:
-        problems += _step_problems(_valid_steps(raw_steps), graph, tools)
+        problems += _step_problems(_valid_steps(raw_steps), graph, tools, _input_names(data))
     if problems or definition is None:
         raise DefinitionError(problems, source)
     order = tuple(nx.lexicographical_topological_sort(graph, key=_index_key(raw_steps)))
@@ -244,9 +244,9 @@ def _dependencies(raw_steps: RawSteps) -> Iterable[tuple[int, str, list[str]]]:
     """Each step's index, id and dependencies: explicit ``depends_on`` once any step
     declares one; otherwise list order, where consecutive steps sharing a ``parallel_group``
     run together."""
-    if any("depends_on" in s for _, s in raw_steps):
+    if any("depends_on" in s or "dependencies" in s for _, s in raw_steps):
         for i, s in raw_steps:
-            deps = s.get("depends_on") or []
+            deps = s.get("depends_on", s.get("dependencies")) or []
             deps = [d for d in deps if isinstance(d, str)] if isinstance(deps, list) else []
             yield i, s["id"], deps
         return
@@ -267,10 +267,21 @@ def _keys(steps: Iterable[Step], graph: nx.DiGraph) -> dict[str, str]:
     return {step.key: step.id for step in steps} | {node: node for node in graph.nodes}
 
 
+def _input_names(data: Any) -> frozenset[str]:
+    """The declared inputs' names of a composition (raw data or built)."""
+    raw = data.get("inputs") if isinstance(data, dict) else None
+    if isinstance(raw, dict):
+        return frozenset(str(k) for k in raw)
+    if isinstance(raw, list):
+        return frozenset(str(i["name"]) for i in raw if isinstance(i, dict) and "name" in i)
+    return frozenset()
+
+
 def _step_problems(steps: list[tuple[int, Step]], graph: nx.DiGraph,
-                   tools: Collection[str] | Mapping[str, Any] | None) -> list[Problem]:
+                   tools: Collection[str] | Mapping[str, Any] | None,
+                   inputs: frozenset[str] = frozenset()) -> list[Problem]:
     """Tool problems, references to steps that are not upstream, and output-name clashes of
-    these (index, step) pairs."""
+    these (index, step) pairs (``inputs``: the declared inputs, readable by bare name)."""
     problems: list[Problem] = []
     keys = _keys((step for _, step in steps), graph)
     for i, step in steps:
@@ -290,7 +301,7 @@ def _step_problems(steps: list[tuple[int, Step]], graph: nx.DiGraph,
             if step.until is not None:
                 extra = extra | {"output", "iteration", "previous", step.key, step.id}
             problems += _reference_problems(f"{where}.{path}", names, keys, upstream or set(),
-                                            extra)
+                                            extra, inputs)
     seen_keys: dict[str, str] = {}
     for i, step in steps:
         if step.key in BASE_NAMES:
@@ -305,7 +316,8 @@ def _step_problems(steps: list[tuple[int, Step]], graph: nx.DiGraph,
 
 def _semantic_problems(definition: Definition, graph: nx.DiGraph,
                        tools: Collection[str] | Mapping[str, Any] | None) -> list[Problem]:
-    problems = _step_problems(list(enumerate(definition.steps)), graph, tools)
+    inputs = frozenset(spec.name for spec in definition.inputs)
+    problems = _step_problems(list(enumerate(definition.steps)), graph, tools, inputs)
     keys = _keys(definition.steps, graph)
     if definition.outputs is not None:
         everything = set(graph.nodes)
@@ -316,7 +328,8 @@ def _semantic_problems(definition: Definition, graph: nx.DiGraph,
                 problems.append(Problem(f"outputs.{name}", str(e)))
                 continue
             names |= _steps_refs(value)
-            problems += _reference_problems(f"outputs.{name}", names, keys, everything, set())
+            problems += _reference_problems(f"outputs.{name}", names, keys, everything, set(),
+                                            inputs)
     for i, confirmation in enumerate(definition.confirmations):
         if confirmation.step not in graph:
             problems.append(Problem(f"confirmations[{i}].step",
@@ -367,6 +380,9 @@ def _step_references(step: Step, where: str,
     if step.compensate is not None:
         parts.append(("compensate.parameters", step.compensate.parameters, expressions.references))
     for path, value, find in parts:
+        problems += [Problem(f"{where}.{path}", f"unknown context field {name!r} (context "
+                                                f"has {', '.join(sorted(CONTEXT_FIELDS))})")
+                     for name in sorted(_context_fields(value) - CONTEXT_FIELDS)]
         try:
             static = _static_problems(path, value)
             if static:
@@ -385,6 +401,23 @@ def _static_problems(path: str, value: Any) -> list[str]:
     if path == "compute":
         return refused + expressions.check_compute(value)
     return refused + expressions.check_template(value)
+
+
+#: What ``context`` holds (see :func:`saga.scheduler.policy.run_context`).
+CONTEXT_FIELDS = frozenset({"run_id", "execution_id", "actor", "user_id", "labels", "mode",
+                            "scheduled_at", "parent", "trace_id", "traceparent"})
+_CONTEXT_REF = re.compile(r"\bcontext\s*(?:\.\s*([A-Za-z_]\w*)|\[\s*['\"]([^'\"]+)['\"]\s*\])")
+
+
+def _context_fields(value: Any) -> set[str]:
+    """The context fields a value's templates or code read (``context.X``)."""
+    if isinstance(value, str):
+        return {a or b for a, b in _CONTEXT_REF.findall(value)}
+    if isinstance(value, dict):
+        return set().union(*(_context_fields(v) for v in value.values()), set())
+    if isinstance(value, list):
+        return set().union(*(_context_fields(v) for v in value), set())
+    return set()
 
 
 _SECRET_REF = re.compile(r"secret\s*(?:\.\s*([A-Za-z_]\w*)|\[\s*['\"]([^'\"]+)['\"]\s*\])")
@@ -439,7 +472,8 @@ def _code_steps_refs(source: str, mode: str) -> set[str]:
 
 
 def _reference_problems(path: str, names: set[str], keys: dict[str, str], upstream: set[str],
-                        extra: Collection[str]) -> list[Problem]:
+                        extra: Collection[str],
+                        inputs: frozenset[str] = frozenset()) -> list[Problem]:
     problems = []
     for name in sorted(names):
         if name.startswith("steps."):
@@ -454,6 +488,8 @@ def _reference_problems(path: str, names: set[str], keys: dict[str, str], upstre
         if name in BASE_NAMES or name in _SAFE_BUILTINS or name in extra:
             continue
         step_id = keys.get(name)
+        if step_id is None and name in inputs:
+            continue  # a declared input, by its bare name (seed 002)
         if step_id is None:
             problems.append(Problem(path, f"unknown name {name!r}"))
         elif step_id not in upstream:

@@ -511,6 +511,8 @@ class Drive:
                 raise
             raise ToolError(secrets.conceal(str(e), values), error_type=type(e).__name__) \
                 from None
+        if ctx.usage and isinstance(result, dict):  # ctx.report_usage(): seed 003's tokens
+            result = {**result, "_usage": {**ctx.usage, **result.get("_usage", {})}}
         return secrets.conceal(result, values)
 
     async def _in_thread(self, func: Callable[..., Any], *args: Any) -> Any:

@@ -34,6 +34,7 @@ from saga.expressions.limits import (
     budget,
     check_time,
 )
+from saga.expressions.modules import CALLABLES, MODULES, VALUE_MEMBERS, SafeModule, import_problem
 
 
 class _Break(Exception):
@@ -92,6 +93,7 @@ _METHODS: dict[type, frozenset[str]] = {
     dict: frozenset({"get", "keys", "values", "items", "copy"}),
     list: frozenset({"index", "count", "copy", "append", "extend", "insert", "pop", "remove",
                      "sort", "reverse"}),
+    **VALUE_MEMBERS,
 }
 
 
@@ -141,11 +143,22 @@ class _Interpreter:
             ast.SetComp: self._comprehension,
             ast.DictComp: self._comprehension,
             ast.GeneratorExp: self._generator_exp,
+            ast.Import: self._import,
+            ast.ImportFrom: self._import,
         }
 
     @property
     def locals(self) -> dict[str, Any]:
         return self.scopes[0]
+
+    def _import(self, node: ast.Import | ast.ImportFrom) -> None:
+        # Checked statically (see _node_problem): only MODULES and their members.
+        for alias in node.names:
+            if isinstance(node, ast.ImportFrom):
+                value = MODULES[node.module or ""].member(alias.name)
+            else:
+                value = MODULES[alias.name]
+            self.locals[alias.asname or alias.name] = value
 
     def visit(self, node: ast.AST) -> Any:
         """Evaluate one node, counting it against the budget and locating any error."""
@@ -309,6 +322,8 @@ class _Interpreter:
         obj, name = self.visit(node.value), node.attr
         if name.startswith("_"):
             raise _Refusal(f"attribute {name!r} is not allowed")
+        if isinstance(obj, SafeModule):
+            return obj.member(name)
         if isinstance(obj, dict) and name in obj:
             return obj[name]
         if name in _METHODS.get(type(obj), ()):
@@ -330,7 +345,8 @@ class _Interpreter:
         if isinstance(func, types.BuiltinMethodType) and func.__name__ in _METHODS.get(
                 type(owner), ()):
             args = _method_args(owner, func.__name__, args, kwargs)
-        elif id(func) not in _SAFE_CALLABLES:
+        elif id(func) not in _SAFE_CALLABLES and id(func) not in CALLABLES \
+                and not isinstance(func, SafeModule):
             raise _Refusal(f"calling a {type(func).__name__} is not allowed")
         return func(*args, **kwargs)
 
@@ -383,7 +399,7 @@ class _Interpreter:
 
 
 _ALLOWED = frozenset(_Interpreter("", {}, 0).handlers) | frozenset(_BINOPS) | frozenset(
-    _UNARY) | frozenset(_COMPARE) | {ast.And, ast.Or, ast.Load, ast.Store, ast.keyword,
+    _UNARY) | frozenset(_COMPARE) | {ast.And, ast.Or, ast.Load, ast.Store, ast.keyword, ast.alias,
                                      ast.comprehension, ast.Starred}
 
 
@@ -403,6 +419,12 @@ def _describe(node: ast.AST) -> str:
 
 
 def _node_problem(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Import):
+        return next(filter(None, (import_problem(a.name, None) for a in node.names)), None)
+    if isinstance(node, ast.ImportFrom):
+        if node.level or any(a.name == "*" for a in node.names):
+            return "only 'from MODULE import NAME' imports are allowed"
+        return import_problem(node.module or "", [a.name for a in node.names])
     if type(node) not in _ALLOWED:
         return f"{_describe(node)} is not allowed"
     if isinstance(node, ast.Attribute) and node.attr.startswith("_"):
@@ -493,6 +515,11 @@ class _FreeNames(ast.NodeVisitor):
                 self.visit(child)
 
     visit_AugAssign = visit_AnnAssign = visit_Assign
+
+    def visit_Import(self, node: ast.Import | ast.ImportFrom) -> None:
+        self.bound |= {alias.asname or alias.name for alias in node.names}
+
+    visit_ImportFrom = visit_Import
 
     def visit_For(self, node: ast.For) -> None:
         for child in (node.iter, node.target, *node.body, *node.orelse):

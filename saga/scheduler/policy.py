@@ -10,6 +10,7 @@ from typing import Any
 from saga import expressions
 from saga.composition import Plan
 from saga.composition.definition import Step
+from saga.composition.plan import BASE_NAMES
 from saga.domain import Run, StepState, step_key
 from saga.errors import ExpressionError
 from saga.scheduler.actions import CompensateStep, FailStep, FinishRun
@@ -17,20 +18,60 @@ from saga.secrets import SecretNames
 
 
 def namespace(plan: Plan, run: Run) -> dict[str, Any]:
-    """Everything expressions may read: inputs, context and each step's recorded output
-    (by output key and by id; ``null`` for a step that has not completed)."""
+    """Everything expressions may read: inputs (also by bare name, seed 002, where no step
+    output or base name shadows them), context, and each step's recorded value by output
+    key and by id: its output once completed; for a step that failed for good (and the run
+    went on, ``on_error: continue``) its error, ``{"failed": true, "error": {type,
+    message}, "message": "❌ TYPE: MESSAGE"}`` (``"rejected: ..."`` for a rejected
+    approval); else ``null``."""
     outputs: dict[str, Any] = {}
     for step in plan.definition.steps:
         state = run.steps.get(step_key(step.id))
-        recorded = state is not None and state["status"] in ("completed", "compensated")
-        outputs[step.id] = state["output"] if state is not None and recorded else None
+        outputs[step.id] = None if state is None else step_value(state)
     names: dict[str, Any] = {}
+    for spec in plan.definition.inputs:
+        if spec.name not in BASE_NAMES:
+            names[spec.name] = run.inputs.get(spec.name) if isinstance(run.inputs, dict) \
+                else None
     for step in plan.definition.steps:
-        names[step.id] = outputs[step.id]
-        names[step.key] = outputs[step.id]
-    names.update(inputs=run.inputs, input=run.inputs, context=run.context, steps=outputs,
-                 secret=SecretNames())
+        value = names[step.key] = outputs[step.id]
+        if step.key != step.id and isinstance(value, dict) and step.key not in value:
+            value = {**value, step.key: value}  # seed 001: {{ step_id.output_key }}
+        names[step.id] = value
+    names.update(inputs=run.inputs, input=run.inputs, context=run_context(run),
+                 steps=outputs, secret=SecretNames())
     return names
+
+
+def step_value(state: StepState | dict[str, Any]) -> Any:
+    """What expressions see of one step's execution (see :func:`namespace`)."""
+    if state["status"] in ("completed", "compensated"):
+        return state.get("output")
+    if state["status"] == "failed" and not retry_pending(state):
+        error = state.get("error") or {}
+        # Seed 002 marks a tool's failure with ❌ (its auto-heal pattern looks for it); a
+        # person's rejection is no failure to heal, so it carries no mark.
+        mark = "rejected:" if error.get("type") == "ApprovalRejected" else \
+            f"❌ {error.get('type')}:"
+        return {"failed": True, "error": {"type": error.get("type"),
+                                          "message": error.get("message")},
+                "message": f"{mark} {error.get('message')}"}
+    return None
+
+
+def run_context(run: Run) -> dict[str, Any]:
+    """The run's recorded context as expressions see it (seed 001): ``run_id`` (alias
+    ``execution_id``), ``actor`` (alias ``user_id``), ``labels``, ``mode`` and
+    ``scheduled_at`` always present (null when not set), and whatever else was recorded."""
+    context = dict(run.context)
+    context.setdefault("run_id", run.run_id)
+    context.setdefault("labels", {})
+    context.setdefault("mode", "normal")
+    context.setdefault("scheduled_at", None)
+    context.setdefault("actor", None)
+    context["execution_id"] = context["run_id"]
+    context["user_id"] = context["actor"]
+    return context
 
 
 def retry_pending(state: StepState | dict[str, Any]) -> bool:

@@ -285,7 +285,7 @@ def _signal_delivery(view: _View, step: Step, state: dict[str, Any], name: str,
 
 def _ready_action(view: _View, step: Step) -> Action | None:
     """What to do with a step whose dependencies have all finished."""
-    if step.layer == "enhancement" and view.run.context.get("mode") == "eco":
+    if step.skipped_in_eco and view.run.context.get("mode") == "eco":
         return SkipStep(step.id, 0, "eco mode")
     if step.condition is not None:
         try:
@@ -426,8 +426,9 @@ def _complete(view: _View) -> FinishRun:
 
 
 def layer_report(plan: Plan, run: Run) -> dict[str, Any]:
-    """Per layer: how many steps, which failed or were skipped, and the span of time its
-    steps took (from their recorded start and finish); ``degraded`` when an enhancement
+    """Per layer: how many steps, which failed or were skipped, the span of time its
+    steps took (from their recorded start and finish) and, when its tools reported usage
+    (an output's ``_usage``), the ``tokens`` they used; ``degraded`` when an enhancement
     failed. Empty when the composition uses no layers."""
     report: dict[str, Any] = {}
     for step in plan.definition.steps:
@@ -441,6 +442,10 @@ def layer_report(plan: Plan, run: Run) -> dict[str, Any]:
         status = state["status"]
         if status in ("completed", "compensated"):
             entry["completed"] += 1
+            usage = state.get("output")
+            usage = usage.get("_usage") if isinstance(usage, dict) else None
+            if isinstance(usage, dict) and isinstance(usage.get("tokens"), int | float):
+                entry["tokens"] = entry.get("tokens", 0) + usage["tokens"]
         elif status in ("failed", "skipped"):
             entry[status].append(step.id)
         for edge, pick in (("_start", min), ("_end", max)):

@@ -47,6 +47,8 @@ class ToolContext:
         deadline: the wall-clock time (epoch seconds) after which the attempt is cancelled,
             or None.
         logger: a logger named after the run and step.
+        usage: what the tool reported with :meth:`report_usage`, recorded with its output
+            under ``_usage`` (an object output only) and summed per layer.
     """
 
     run_id: str
@@ -56,6 +58,13 @@ class ToolContext:
     idempotency_key: str
     deadline: float | None = None
     logger: logging.Logger = field(default_factory=lambda: logging.getLogger("saga.tool"))
+    usage: dict[str, float] = field(default_factory=dict)
+
+    def report_usage(self, **amounts: float) -> None:
+        """Report what the call used (``ctx.report_usage(tokens=1200)``): added up per
+        kind, recorded with the output, and summed per layer in a layered run's outputs."""
+        for kind, amount in amounts.items():
+            self.usage[kind] = self.usage.get(kind, 0) + amount
 
 
 @dataclass(frozen=True)

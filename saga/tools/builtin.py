@@ -47,9 +47,16 @@ def fail(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
 TOOLS = [
     Tool("noop", noop, description="Does nothing; returns null.", source="builtin"),
     Tool("echo", echo, description="Returns its parameters.", source="builtin"),
-    Tool("sleep", sleep, description="Waits `seconds` seconds.", source="builtin"),
+    Tool("sleep", sleep, description="Waits `seconds` seconds.", source="builtin",
+         params={"type": "object", "additionalProperties": False,
+                 "properties": {"seconds": {"type": "number", "minimum": 0}}}),
     Tool("fail", fail, description="Fails with `message`; `times: N` fails only the first N "
-                                   "attempts.", source="builtin"),
+                                   "attempts.", source="builtin",
+         params={"type": "object", "additionalProperties": False,
+                 "properties": {"message": {"type": "string"},
+                                "times": {"type": "integer", "minimum": 0},
+                                "error_type": {"type": "string"},
+                                "retryable": {"type": "boolean"}}}),
 ]
 
 

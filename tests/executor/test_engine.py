@@ -223,11 +223,15 @@ def test_retry_strategy_retries_with_backoff(saga: Saga) -> None:
 def test_on_error_continue_keeps_going(saga: Saga) -> None:
     plan = saga.load(chain({"id": "a", "tool": "act", "args": {"fail": True},
                             "on_error": "continue"},
-                           {"id": "b", "tool": "act", "when": "a is None"}))
+                           {"id": "b", "tool": "echo", "when": "a.failed and '❌' in str(a)",
+                            "args": {"why": "{{ a.error.message }}", "text": "{{ a.message }}"}}))
     run = saga.run(plan)
     assert run.status == "completed"
     assert run.steps["a"]["status"] == "failed"
     assert run.steps["b"]["status"] == "completed"
+    error = run.steps["a"]["error"]
+    assert run.steps["b"]["output"] == {
+        "why": error["message"], "text": f"❌ {error['type']}: {error['message']}"}
 
 
 def test_on_error_retry_n(saga: Saga) -> None:

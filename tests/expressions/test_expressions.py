@@ -520,9 +520,16 @@ def test_static_checks() -> None:
     assert check_expression("lambda: 1") == ["lambda is not allowed (line 1)"]
     assert check_expression("x._y") == [
         "attribute '_y' is not allowed (names starting with '_' are private) (line 1)"]
+    only = "(a compute block may import datetime, json, math, re)"
     assert check_compute("import os\nfrom os import path\nwhile x:\n    pass\n") == [
-        "import is not allowed (line 1)", "import is not allowed (line 2)",
+        f"import of 'os' is not allowed {only} (line 1)",
+        f"import of 'os' is not allowed {only} (line 2)",
         "a while loop (unbounded) is not allowed (line 3)"]
+    assert check_compute("from json import dumps as d\nimport math\nresult = d(math.pi)") == []
+    assert check_compute("from json import load") == [
+        "json has no 'load' a compute block may use (line 1)"]
+    assert check_compute("from . import x") == [
+        "only 'from MODULE import NAME' imports are allowed (line 1)"]
     problems = check_compute("def f():\n    pass\nclass C: pass\ntry:\n    x = 1\nexcept E:\n"
                              "    raise\nwith a: pass\ndel x\nglobal g\n")
     assert [p.split(" is not allowed")[0] for p in problems] == [
