@@ -172,6 +172,26 @@ def test_an_expired_lease_does_not_count_in_its_queue(queued: Make) -> None:
     assert s.get(run.run_id).status == "completed"
 
 
+def test_a_redriven_run_is_claimed_from_its_queue(queued: Make) -> None:
+    s = queued(narrow=QueueLimit(concurrency=1))
+    run = s.run(s.load({"name": "flaky", "queue": "narrow",
+                        "error_handling": {"rollback_on_failure": False},
+                        "steps": [{"id": "f", "tool": "fail",
+                                   "args": {"message": "not yet", "times": 1}}]}),
+                priority=4)
+    assert run.status == "failed"
+    worker = s.worker_loop(poll_interval=0.02)
+    worker.index.refresh()  # it follows the log from before the redrive
+    s.retry(run.run_id, drive=False)
+    s.leases.claim("elsewhere", "another-worker", 60, "narrow")  # the queue is full
+    assert worker.run(until_idle=True) == 0
+    followed = worker.index.runs[str(run_uuid(run.run_id))]
+    assert (followed.queue, followed.priority, followed.begun) == ("narrow", 4, True)
+    s.leases.release("elsewhere", "another-worker")
+    assert worker.run(until_idle=True) == 1
+    assert s.get(run.run_id).status == "completed"
+
+
 # -- concurrency across workers ----------------------------------------------------------
 
 
@@ -420,3 +440,23 @@ def test_cli_queue_and_priority(tmp_path: Path) -> None:
     ran = cli(["run", "report.yaml", "--queue", "now", "--priority", "4", "--json"], tmp_path)
     assert ran.returncode == 0, ran.stderr
     assert (json.loads(ran.stdout)["queue"], json.loads(ran.stdout)["priority"]) == ("now", 4)
+
+
+@pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient`")
+def test_http_submit_takes_queue_and_priority(sqlite_settings: Settings) -> None:
+    from fastapi.testclient import TestClient
+
+    from saga.server.app import create_app
+
+    with TestClient(create_app(sqlite_settings, worker=False)) as client:
+        body = {"composition": one_step("web", queue="reports"), "queue": "urgent",
+                "priority": 3}
+        sent = client.post("/api/v1/runs", json=body)
+        assert sent.status_code == 202, sent.text
+        shown = client.get(f"/api/v1/runs/{sent.json()['run_id']}").json()
+        assert (shown["queue"], shown["priority"]) == ("urgent", 3)
+        plain = client.post("/api/v1/runs", json={"composition": one_step("web",
+                                                                            queue="reports")})
+        assert client.get(plain.json()["url"]).json()["queue"] == "reports"
+        bad = client.post("/api/v1/runs", json={**body, "queue": "not a queue"})
+        assert bad.status_code == 422
