@@ -5,6 +5,11 @@ unfinished and not waiting for a person, claims each one's lease
 (:mod:`saga.store.leases`) and drives it with an executor. A run whose worker died is
 taken over once its lease expires: the attempts it left ``running`` are interrupted (see
 :func:`saga.scheduler.interrupted`).
+
+Runs are claimed by priority (highest first), then age (oldest first), each from the
+queue its ``RunStarted`` names and within that queue's limits (saga.toml
+``[queues.NAME]``), which :meth:`~saga.store.leases.Leases.claim_queued` keeps across
+every worker together. A run whose queue is at a limit is left for a later look.
 """
 
 from __future__ import annotations
