@@ -24,7 +24,7 @@ from saga.chain import json_safe
 from saga.composition import Plan, plan_of
 from saga.composition.definition import parse_duration, resolve_inputs
 from saga.config import Settings, load_settings
-from saga.domain import Run, check_labels, check_run_id
+from saga.domain import Run, check_labels, check_run_id, queue_options
 from saga.errors import (
     ConcurrentWriteError,
     ExpressionError,
@@ -177,9 +177,13 @@ class Saga:
     def start(self, plan: Plan | str | Path, inputs: Mapping[str, Any] | None = None, *,
               actor: str | None = None, labels: Mapping[str, str] | None = None,
               options: Mapping[str, Any] | None = None, run_id: str | None = None,
-              context: Mapping[str, Any] | None = None) -> Run:
+              context: Mapping[str, Any] | None = None, queue: str | None = None,
+              priority: int | None = None) -> Run:
         """Check inputs and create a run (not yet saved); see :meth:`run` and :meth:`submit`.
         ``context`` adds to what the run records as its context (``scheduled_at``...).
+
+        ``queue`` (else the composition's, else ``default``) and ``priority`` (higher is
+        claimed first; 0) are recorded in its options: workers claim it by them.
 
         ``run_id``: the caller's name for the run (``ORDER-42``). Starting a name that
         exists with the same definition and inputs returns that run, already saved (its
@@ -196,6 +200,8 @@ class Saga:
             if not seconds:
                 raise InputError([Problem("timeout", f"{timeout!r} is not a duration")])
             options["timeout"] = seconds
+        options.update(queue_options(queue or options.get("queue") or plan.definition.queue,
+                                     options.get("priority") if priority is None else priority))
         recorded_context: dict[str, Any] = {**dict(context or {}),
                                             "actor": actor or self.settings.actor,
                                             "labels": check_labels(labels or {}),
@@ -293,7 +299,7 @@ class Saga:
         (waiting up to ``wait`` seconds, default one lease length, for another holder)."""
         seconds = self.settings.lease_seconds
         lease = wait_for_lease(self.leases, run.run_id, self.worker, seconds,
-                               seconds if wait is None else wait)
+                               seconds if wait is None else wait, run.queue)
         executor = self.executor(on_events)
         try:
             if run.version > 0 and run.pending_events == []:
@@ -465,7 +471,7 @@ class Saga:
         """A worker over this store (see :class:`saga.worker.Worker`)."""
         return Worker(self.app, self.leases,
                       lambda worker: self.executor(worker=worker, hold=WORKER_HOLD),
-                      tick=self.fire_schedules, **kwargs)
+                      tick=self.fire_schedules, **{"queues": self.settings.queues, **kwargs})
 
     def get(self, run_id: str, version: int | None = None) -> Run:
         """The run as recorded (``run_id`` may be a unique prefix of its id)."""

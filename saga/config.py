@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,6 +18,54 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
 from saga.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class QueueLimit:
+    """What saga.toml's ``[queues.NAME]`` allows one queue, across every worker together:
+    ``concurrency`` runs driven at once, and ``rate`` run starts per ``per`` seconds."""
+
+    concurrency: int | None = None
+    rate: int | None = None
+    per: float | None = None
+
+    @property
+    def limited(self) -> bool:
+        """True when the queue has any limit."""
+        return self.concurrency is not None or self.rate is not None
+
+
+_RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*)\s*([smhd])\s*$")
+_UNIT = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_rate(text: str) -> tuple[int, float]:
+    """``"10/m"`` -> (10, 60.0): N starts per second, minute, hour or day (``"5/s"``,
+    ``"100/h"``), or per a number of them (``"3/10s"``)."""
+    match = _RATE.match(text) if isinstance(text, str) else None
+    if not match or int(match.group(1)) < 1 or int(match.group(2) or 1) < 1:
+        raise ConfigError(f"queue rate {text!r} must look like \"10/m\" (N per s, m, h or d, "
+                          "or per a number of them: \"3/10s\")")
+    return int(match.group(1)), float(match.group(2) or 1) * _UNIT[match.group(3)]
+
+
+def parse_queues(table: Any) -> dict[str, QueueLimit]:
+    """``[queues.NAME]`` tables (``concurrency = N``, ``rate = "10/m"``) as limits."""
+    if table is None:
+        return {}
+    if not isinstance(table, dict):
+        raise ConfigError("[queues] must hold tables: [queues.NAME] concurrency = 2")
+    limits = {}
+    for name, spec in table.items():
+        if not isinstance(spec, dict) or set(spec) - {"concurrency", "rate"}:
+            raise ConfigError(f"[queues.{name}] takes concurrency = N and rate = \"N/m\"")
+        concurrency = spec.get("concurrency")
+        if concurrency is not None and (isinstance(concurrency, bool)
+                                        or not isinstance(concurrency, int) or concurrency < 1):
+            raise ConfigError(f"[queues.{name}] concurrency must be a positive integer")
+        rate, per = parse_rate(spec["rate"]) if spec.get("rate") is not None else (None, None)
+        limits[str(name)] = QueueLimit(concurrency, rate, per)
+    return limits
 
 
 @dataclass(frozen=True)
@@ -41,6 +90,8 @@ class Settings:
     secrets_allow: tuple[str, ...] = ()
     #: Seconds one template, condition or compute block may take (``[limits]``).
     expression_seconds: float = 2.0
+    #: Limits per queue (saga.toml ``[queues.NAME]``); a queue not named has none.
+    queues: dict[str, QueueLimit] = field(default_factory=dict)
     file: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -152,6 +203,7 @@ def load_settings(env: Mapping[str, str] | None = None, cwd: Path | None = None,
                                      or (data.get("limits") or {}).get("expression_seconds", 2)),
             secrets_allow=tuple(str(n) for n in (data.get("secrets") or {}).get("allow", [])
                                 if isinstance(data.get("secrets"), dict)),
+            queues=parse_queues(data.get("queues")),
             file=data,
         )
     except ValueError as e:

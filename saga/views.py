@@ -46,6 +46,8 @@ def run_summary(run: Run, steps: bool = True) -> dict[str, Any]:
         "version": run.version,
         "status": run.status,
         "actor": run.actor,
+        "queue": run.queue,
+        "priority": run.priority,
         "definition_hash": run.definition_hash,
         "started_at": run.started_at,
         "finished_at": run.finished_at,

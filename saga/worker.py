@@ -5,6 +5,11 @@ unfinished and not waiting for a person, claims each one's lease
 (:mod:`saga.store.leases`) and drives it with an executor. A run whose worker died is
 taken over once its lease expires: the attempts it left ``running`` are interrupted (see
 :func:`saga.scheduler.interrupted`).
+
+Runs are claimed by priority (highest first), then age (oldest first), each from the
+queue its ``RunStarted`` names and within that queue's limits (saga.toml
+``[queues.NAME]``), which :meth:`~saga.store.leases.Leases.claim_queued` keeps across
+every worker together. A run whose queue is at a limit is left for a later look.
 """
 
 from __future__ import annotations
@@ -12,16 +17,28 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from saga.domain import DECISIONS, TERMINAL, RunStatus, event_name, status_after, step_key
+from saga.config import QueueLimit
+from saga.domain import (
+    DECISIONS,
+    DEFAULT_QUEUE,
+    TERMINAL,
+    RunStatus,
+    event_name,
+    priority_of,
+    queue_of,
+    run_uuid,
+    status_after,
+    step_key,
+)
 from saga.errors import ConcurrentWriteError, LeaseLostError, SagaError
 from saga.executor import Executor
 from saga.store.application import SagaApplication
-from saga.store.leases import Leases, default_worker_id
+from saga.store.leases import Claim, Leases, default_worker_id
 
 log = logging.getLogger("saga.worker")
 
@@ -41,6 +58,21 @@ class _Followed:
     nudged: bool = True  # something happened that a driver should look at
     deadline: str | None = None  # when the run times out, if it has a timeout
     takeovers: int = 0  # attempts of it a dead worker left behind: a suspect if above 0
+    queue: str = DEFAULT_QUEUE
+    priority: int = 0
+    started: float = 0.0  # when it was started (POSIX time): older runs are claimed first
+    begun: bool = False  # a driver recorded something: claiming it again starts nothing
+
+
+def _followed(started: dict[str, Any], **kwargs: Any) -> _Followed:
+    """What the index follows of a run, from its ``RunStarted`` payload."""
+    options = started.get("options") or {}
+    when = _stamp(started)
+    return _Followed(deadline=_deadline(started), queue=queue_of(options,
+                                                                  started.get("definition")),
+                     priority=priority_of(options),
+                     started=datetime.fromisoformat(when).timestamp() if when else 0.0,
+                     **kwargs)
 
 
 @dataclass
@@ -72,12 +104,14 @@ class RunIndex:
     def _apply(self, run_id: str, topic: str, state: bytes) -> None:
         kind = event_name(topic)
         if kind == "RunStarted":
-            self.runs[run_id] = _Followed(deadline=_deadline(_payload(state)))
+            self.runs[run_id] = _followed(_payload(state))
         elif kind in _REOPENING and run_id not in self.runs and run_id not in self.children:
-            self.runs[run_id] = _Followed(status="failed")  # a finished run taken up again
+            # a finished run taken up again
+            self.runs[run_id] = _followed(self._started(run_id), status="failed", begun=True)
         run = self.runs.get(run_id)
         if run is None:
             return  # not a run this index follows (e.g. a child run)
+        run.begun = run.begun or kind in _BEGUN
         if kind in ("RunTimedOut", "CompensationStarted"):
             run.deadline = None
         if kind == "ApprovalRequested":
@@ -108,10 +142,16 @@ class RunIndex:
         if run.status in TERMINAL:
             del self.runs[run_id]
 
+    def _started(self, run_id: str) -> dict[str, Any]:
+        """The ``RunStarted`` payload of a run started before this index's position."""
+        stored = self.app.recorder.select_events(run_uuid(run_id), lte=1)
+        return _payload(stored[0].state) if stored else {}
+
     def runnable(self) -> list[str]:
-        """Unfinished runs a driver can move on now, oldest first: not paused, and not
-        only waiting (for a person, a signal, or a timer or retry still to come) unless
-        something happened since a driver last looked (a signal, a decision, unpausing)."""
+        """Unfinished runs a driver can move on now, by priority (highest first), then
+        oldest first: not paused, and not only waiting (for a person, a signal, or a timer
+        or retry still to come) unless something happened since a driver last looked (a
+        signal, a decision, unpausing)."""
         now = self.clock().isoformat()
         ready = []
         for run_id, run in self.runs.items():
@@ -122,7 +162,7 @@ class RunIndex:
             idle = run.status == "waiting" or bool(run.waits) or bool(run.retries)
             if due or run.nudged or not idle:
                 ready.append(run_id)
-        return ready
+        return sorted(ready, key=lambda r: (-self.runs[r].priority, self.runs[r].started))
 
     def claimed(self, run_id: str) -> None:
         """A driver took the run: what happened so far is being looked at."""
@@ -136,14 +176,22 @@ _REOPENING = frozenset({"RunRetried", "CompensationStarted"})
 _QUIET = frozenset({"StepStarted", "StepWaiting", "StepFailed", "StepCompleted",
                     "StepSkipped", "HealStarted", "RemedyApplied", "StepCompensated",
                     "CompensationFailed", "ApprovalRequested"})
+#: Events after which claiming a run no longer starts it (a queue's rate counts starts).
+_BEGUN = _QUIET | {"RunTakenOver", "CompensationStarted", "RunRetried", "RunTimedOut"}
+
+
+def _stamp(started: dict[str, Any]) -> str | None:
+    """When a run was started, from its ``RunStarted`` payload (ISO)."""
+    stamp = started.get("timestamp")
+    when = stamp.get("_data_") if isinstance(stamp, dict) else stamp
+    return when if isinstance(when, str) else None
 
 
 def _deadline(started: dict[str, Any]) -> str | None:
     """A run's deadline from its ``RunStarted`` payload (its ``timeout`` option)."""
     seconds = (started.get("options") or {}).get("timeout")
-    stamp = started.get("timestamp")
-    when = stamp.get("_data_") if isinstance(stamp, dict) else stamp
-    if not seconds or not isinstance(when, str):
+    when = _stamp(started)
+    if not seconds or when is None:
         return None
     return (datetime.fromisoformat(when) + timedelta(seconds=float(seconds))).isoformat()
 
@@ -169,10 +217,13 @@ class Worker:
     def __init__(self, app: SagaApplication, leases: Leases,
                  executor: Callable[[str], Executor], *, worker_id: str | None = None,
                  lease_seconds: float = 30.0, concurrency: int = 4,
-                 poll_interval: float = 0.5, tick: Callable[[], Any] | None = None) -> None:
+                 poll_interval: float = 0.5, tick: Callable[[], Any] | None = None,
+                 queues: Mapping[str, QueueLimit] | None = None) -> None:
         """``executor(worker_id)`` makes the executor a drive uses (closed after it);
-        ``tick()`` runs each time the worker looks for work (firing due schedules)."""
+        ``tick()`` runs each time the worker looks for work (firing due schedules);
+        ``queues``: the limits of queues (saga.toml ``[queues.NAME]``)."""
         self.tick = tick
+        self.queues = dict(queues or {})
         self.app = app
         self.leases = leases
         self.make_executor = executor
@@ -189,7 +240,6 @@ class Worker:
         return asyncio.run(self._run(until_idle, stop or (lambda: False)))
 
     async def _run(self, until_idle: bool, stop: Callable[[], bool]) -> int:
-        leases = self.leases
         active: dict[str, asyncio.Task[None]] = {}
         while not stop():
             if self.tick is not None:
@@ -202,19 +252,22 @@ class Worker:
                 if task.done():
                     active.pop(run_id)
             claimed = 0
+            held: dict[str, Claim] = {}  # queues at a limit, this look: full or rate
             for run_id in self.index.runnable():
                 if len(active) >= self.concurrency or any(self._suspect(r) for r in active):
                     break
                 if self._suspect(run_id) and active:
                     continue  # a run its workers died under is driven alone: if it kills
                     # this worker too, no innocent run dies with it and counts a takeover
-                if run_id in active or not leases.claim(run_id, self.worker_id,
-                                                        self.lease_seconds):
+                if run_id in active or self._claim(run_id, held) != "claimed":
                     continue
                 claimed += 1
                 self.index.claimed(run_id)
                 active[run_id] = asyncio.ensure_future(self._drive(run_id))
-            if until_idle and not active and not claimed:
+            # A run held back only by its queue's rate is work this worker can do itself
+            # once the period passes; one held back by a full queue waits for the runs
+            # other workers drive, and is not runnable now.
+            if until_idle and not active and not claimed and "rate" not in held.values():
                 break
             waiting = list(active.values())
             if waiting:
@@ -225,6 +278,24 @@ class Worker:
         for task in active.values():
             task.cancel()
         return self.driven
+
+    def _claim(self, run_id: str, held: dict[str, Claim]) -> Claim:
+        """Claim a run's lease within its queue's limits (``held``: the queues found at a
+        limit in this look, which are not asked again until the next)."""
+        followed = self.index.runs.get(run_id)
+        queue = followed.queue if followed is not None else DEFAULT_QUEUE
+        start = followed is None or not followed.begun
+        limit = self.queues.get(queue)
+        if limit is None or not limit.limited:
+            claimed = self.leases.claim(run_id, self.worker_id, self.lease_seconds, queue)
+            return "claimed" if claimed else "held"
+        if held.get(queue) == "full" or (start and held.get(queue) == "rate"):
+            return held[queue]
+        outcome = self.leases.claim_queued(run_id, self.worker_id, self.lease_seconds, queue,
+                                           limit, start=start)
+        if outcome in ("full", "rate"):
+            held[queue] = outcome
+        return outcome
 
     def _suspect(self, run_id: str) -> bool:
         followed = self.index.runs.get(run_id)

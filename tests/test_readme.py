@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -163,3 +165,28 @@ def test_production_controls_as_the_readme_shows(workdir: Path) -> None:
     assert json.loads(again.stdout)["run_id"] == json.loads(same.stdout)["run_id"] == "ORDER-42"
     assert sh(["run", "quickstart", "--id", "ORDER-42", "-i", "fail_at=ship"],
               workdir).returncode == 6
+
+
+def test_queues_and_priorities_as_the_readme_shows(workdir: Path) -> None:
+    """The saga.toml table and the commands of "Queues and priorities", pasted."""
+    section = README.split("**Queues and priorities.**", 1)[1].split("\n## ", 1)[0]
+    toml = re.search(r"```toml\n(.*?)```", section, re.S)
+    commands = re.search(r"```bash\n(.*?)```", section, re.S)
+    assert toml is not None and commands is not None
+    (workdir / "saga.toml").write_text(toml.group(1), encoding="utf-8")
+    outputs = []
+    for line in commands.group(1).splitlines():
+        args = shlex.split(line, comments=True)
+        assert args[0] == "saga"
+        done = sh(args[1:], workdir)
+        assert done.returncode == 0, (line, done.stderr)
+        outputs.append(done.stdout)
+    shown = json.loads(outputs[-1])
+    assert (shown["status"], shown["queue"], shown["priority"]) == ("completed", "reports", 10)
+    first: dict[str, datetime] = {}
+    for run_id in ("R-1", "R-2", "R-3"):
+        history = json.loads(sh(["history", run_id, "--json"], workdir).stdout)
+        assert history[-1]["type"] == "RunCompleted"
+        first[run_id] = min(datetime.fromisoformat(e["timestamp"]) for e in history
+                            if e["type"] == "StepStarted")
+    assert sorted(first, key=first.__getitem__) == ["R-2", "R-1", "R-3"]

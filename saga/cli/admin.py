@@ -30,7 +30,9 @@ from saga.cli.runs import _parse_inputs
 @tools_option
 def worker(concurrency: int, until_idle: bool, worker_id: str | None,
            lease_seconds: float | None, poll: float, tools: tuple[str, ...]) -> None:
-    """Claim runnable runs and drive them (new, interrupted, approved, redriven)."""
+    """Claim runnable runs and drive them (new, interrupted, approved, redriven).
+
+    Highest priority first, then oldest, within saga.toml's [queues.NAME] limits."""
 
 
     saga = _saga(tools)

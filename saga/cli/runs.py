@@ -97,6 +97,11 @@ def _start_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--label", "label_pairs", multiple=True, metavar="KEY=VALUE",
                      help="A label recorded with the run (repeatable); list and report "
                           "filter by it."),
+        click.option("--queue", metavar="NAME",
+                     help="The queue workers claim the run from (default: the "
+                          "composition's queue, else 'default'); saga.toml limits queues."),
+        click.option("--priority", type=click.IntRange(-1_000_000, 1_000_000), default=None,
+                     help="Claimed before runs of lower priority in its queue (default 0)."),
         mode_option, tools_option, json_option]):
         func = option(func)
     return func
@@ -136,7 +141,8 @@ def _run_file(saga: Saga, file: str, options: dict[str, Any]) -> None:
     with _Progress(enabled=not as_json) as progress:
         result = saga.run(plan, inputs, actor=options["actor"],
                           options={"mode": options["mode"]}, run_id=options["run_id"],
-                          labels=_labels(options["label_pairs"]), on_events=progress.update)
+                          labels=_labels(options["label_pairs"]), on_events=progress.update,
+                          queue=options["queue"], priority=options["priority"])
     _finish(result, as_json)
 
 
@@ -163,13 +169,15 @@ def submit(file: str, **options: Any) -> None:
     \b
     Example:
       saga submit quickstart --id ORDER-42 --json && saga worker --until-idle
+      saga submit report.yaml --queue reports --priority 10
     """
     saga = _saga(options["tools"])
     plan = saga.load(file)
     inputs = _parse_inputs(options["pairs"], options["inputs_file"],
                            {s.name: s for s in plan.definition.inputs})
     run = saga.submit(plan, inputs, actor=options["actor"], options={"mode": options["mode"]},
-                      run_id=options["run_id"], labels=_labels(options["label_pairs"]))
+                      run_id=options["run_id"], labels=_labels(options["label_pairs"]),
+                      queue=options["queue"], priority=options["priority"])
     if options["as_json"]:
         _emit_json({"run_id": run.run_id, "status": run.status, "name": run.name})
     else:

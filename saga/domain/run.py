@@ -24,6 +24,8 @@ from saga.domain.vocabulary import (
     RunStatus,
     iso,
     ms_between,
+    priority_of,
+    queue_of,
     run_uuid,
     status_after,
     step_key,
@@ -167,6 +169,17 @@ class Run(RunCommands, Aggregate):
     def name(self) -> str:
         """The composition's name."""
         return str(self.definition.get("name", ""))
+
+    @property
+    def queue(self) -> str | None:
+        """The queue workers claim the run from (recorded in ``RunStarted``); None for a
+        child run, which its parent drives."""
+        return None if self.context.get("parent") else queue_of(self.options, self.definition)
+
+    @property
+    def priority(self) -> int:
+        """The run's priority in its queue: higher is claimed first."""
+        return priority_of(self.options)
 
     @property
     def is_finished(self) -> bool:

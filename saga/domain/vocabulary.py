@@ -168,3 +168,49 @@ def check_labels(labels: Mapping[str, Any]) -> dict[str, str]:
     if problems:
         raise InputError(problems)
     return {k: str(v) for k, v in labels.items()}
+
+
+#: The queue of a run that names none (neither its composition nor its submit).
+DEFAULT_QUEUE = "default"
+_QUEUE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+def check_queue(queue: Any) -> str:
+    """A queue's name: 1-63 letters, digits and ``._-``, starting with a letter or digit."""
+    if not isinstance(queue, str) or not _QUEUE.match(queue):
+        raise InputError([Problem("--queue", f"{str(queue)[:80]!r} is not a queue name: use "
+                                             "1-63 letters, digits and ._- (starting with a "
+                                             "letter or digit)")])
+    return queue
+
+
+def check_priority(priority: Any) -> int:
+    """A run's priority: an integer (higher is claimed first), within ±1,000,000."""
+    if isinstance(priority, str) and re.fullmatch(r"[+-]?\d{1,7}", priority.strip()):
+        priority = int(priority)
+    if isinstance(priority, bool) or not isinstance(priority, int) \
+            or abs(priority) > 1_000_000:
+        raise InputError([Problem("--priority", f"{str(priority)[:80]!r} is not an integer "
+                                                "within ±1000000")])
+    return priority
+
+
+def queue_of(options: Mapping[str, Any] | None, definition: Mapping[str, Any] | None) -> str:
+    """The queue a run is in, from its ``RunStarted``: the ``options`` recorded when it was
+    started, else its composition's ``queue`` (runs recorded before queues), else
+    :data:`DEFAULT_QUEUE`."""
+    return str((options or {}).get("queue") or (definition or {}).get("queue")
+               or DEFAULT_QUEUE)
+
+
+def priority_of(options: Mapping[str, Any] | None) -> int:
+    """A run's priority from its recorded ``options`` (0 when it has none)."""
+    value = (options or {}).get("priority")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def queue_options(queue: str | None, priority: Any) -> dict[str, Any]:
+    """The options a run records to be claimed from a queue: its queue (checked;
+    :data:`DEFAULT_QUEUE` when None) and its priority (checked; 0 when None)."""
+    return {"queue": check_queue(queue or DEFAULT_QUEUE),
+            "priority": check_priority(0 if priority is None else priority)}

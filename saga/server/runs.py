@@ -44,6 +44,9 @@ class RunRequest(_Body):
     mode: str | None = Field(default=None, description="The run's mode (eco skips enhancements).")
     timeout: float | str | None = Field(default=None, description="Seconds, or 10m, 2h: the run "
                                                           "fails and is undone past it.")
+    queue: str | None = Field(default=None, description="The queue workers claim it from "
+                                                        "(default: the composition's).")
+    priority: int | None = Field(default=None, description="Higher is claimed first (0).")
 
 
 class Comment(_Body):
@@ -132,7 +135,8 @@ def submit(request: Request, body: RunRequest) -> JSONResponse:
     if body.timeout is not None:
         options["timeout"] = body.timeout
     run = svc.saga.submit(plan, body.inputs, actor=svc.actor(request), labels=body.labels,
-                          options=options, run_id=body.run_id)
+                          options=options, run_id=body.run_id, queue=body.queue,
+                          priority=body.priority)
     return JSONResponse({"run_id": run.run_id, "status": run.status, "name": run.name,
                          "url": f"/api/v1/runs/{run.run_id}"}, 202)
 

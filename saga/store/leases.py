@@ -4,28 +4,48 @@ A lease is a row in ``saga_leases`` (run id, worker, expiry). The holder renews 
 it drives; when a worker dies, its lease expires and any other worker may take the run
 over. The lease keeps two live workers from driving one run; the run's version number is
 the fence behind it: a stale worker's append is rejected and it backs off.
+
+A lease also names its run's queue, so the leases held in a queue are the runs of it
+being driven: :meth:`Leases.claim_queued` counts them, and the queue's recent starts
+(``saga_queue_starts``), in the same transaction as the claim, under a lock per queue
+(a transaction-scoped advisory lock in PostgreSQL; SQLite's ``BEGIN IMMEDIATE``
+serialises every writer), so a queue's limits hold across every worker together.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
+from saga.config import QueueLimit
 from saga.errors import LeaseHeldError
 from saga.store.side_tables import Database
 
 LEASE_DDL = ("""CREATE TABLE IF NOT EXISTS saga_leases (
-    run_id TEXT PRIMARY KEY, worker TEXT NOT NULL, expires_at DOUBLE PRECISION NOT NULL)""",)
+    run_id TEXT PRIMARY KEY, worker TEXT NOT NULL, expires_at DOUBLE PRECISION NOT NULL,
+    queue TEXT)""",
+             """CREATE TABLE IF NOT EXISTS saga_queue_starts (
+    queue TEXT NOT NULL, started_at DOUBLE PRECISION NOT NULL)""",
+             """CREATE INDEX IF NOT EXISTS saga_queue_starts_by_queue
+    ON saga_queue_starts (queue, started_at)""")
 
 
-_CLAIM = """INSERT INTO saga_leases (run_id, worker, expires_at) VALUES (?, ?, ?)
+_CLAIM = """INSERT INTO saga_leases (run_id, worker, expires_at, queue) VALUES (?, ?, ?, ?)
     ON CONFLICT (run_id) DO UPDATE SET worker = excluded.worker,
-        expires_at = excluded.expires_at
+        expires_at = excluded.expires_at, queue = excluded.queue
     WHERE saga_leases.expires_at < ? OR saga_leases.worker = excluded.worker"""
+#: The advisory lock class of queue claims in PostgreSQL (the key is the queue's hash).
+QUEUE_LOCK = 0x5A6A
+
+#: How a claim in a queue went: the lease is ours, another worker holds it, the queue
+#: has as many runs driven as its concurrency allows, or as many starts as its rate.
+Claim = Literal["claimed", "held", "full", "rate"]
 
 
 def default_worker_id() -> str:
@@ -40,12 +60,48 @@ class Leases:
     def __init__(self, db: Database, clock: Callable[[], float] = time.time) -> None:
         self.db = db
         self.clock = clock
-        db.create(LEASE_DDL)
+        db.create(LEASE_DDL[:1])
+        db.add_columns("saga_leases", {"queue": "TEXT"})  # a table from before queues
+        db.create(LEASE_DDL[1:])
 
-    def claim(self, run_id: str, worker: str, seconds: float) -> bool:
-        """Take (or extend) the lease unless another worker holds an unexpired one."""
+    def claim(self, run_id: str, worker: str, seconds: float,
+              queue: str | None = None) -> bool:
+        """Take (or extend) the lease unless another worker holds an unexpired one; the
+        lease counts in ``queue`` (None: in none, as a child run's)."""
         now = self.clock()
-        return self.db.execute(_CLAIM, (run_id, worker, now + seconds, now)) == 1
+        return self.db.execute(_CLAIM, (run_id, worker, now + seconds, queue, now)) == 1
+
+    def claim_queued(self, run_id: str, worker: str, seconds: float, queue: str,
+                     limit: QueueLimit, *, start: bool) -> Claim:
+        """Take the lease of a run of ``queue`` within the queue's limits, atomically with
+        respect to them: unless ``concurrency`` unexpired leases of other runs of the queue
+        are held, and (when the claim starts the run) unless ``rate`` starts were
+        recorded in the last ``per`` seconds; a start is recorded with the claim."""
+        now = self.clock()
+        db = self.db
+        with db.tx() as cur:
+            if db.pg:
+                cur.execute("SELECT pg_advisory_xact_lock(%s, %s)", (QUEUE_LOCK, _key(queue)))
+            if limit.concurrency is not None:
+                cur.execute(db.sql("SELECT COUNT(*) FROM saga_leases WHERE queue = ? AND "
+                                   "expires_at >= ? AND run_id <> ?"), (queue, now, run_id))
+                if cur.fetchone()[0] >= limit.concurrency:
+                    return "full"
+            counted = start and limit.rate is not None and limit.per is not None
+            if counted:
+                cur.execute(db.sql("DELETE FROM saga_queue_starts WHERE queue = ? AND "
+                                   "started_at <= ?"), (queue, now - (limit.per or 0)))
+                cur.execute(db.sql("SELECT COUNT(*) FROM saga_queue_starts WHERE queue = ?"),
+                            (queue,))
+                if cur.fetchone()[0] >= (limit.rate or 0):
+                    return "rate"
+            cur.execute(db.sql(_CLAIM), (run_id, worker, now + seconds, queue, now))
+            if cur.rowcount != 1:
+                return "held"
+            if counted:
+                cur.execute(db.sql("INSERT INTO saga_queue_starts (queue, started_at) "
+                                   "VALUES (?, ?)"), (queue, now))
+        return "claimed"
 
     def renew(self, run_id: str, worker: str, seconds: float) -> bool:
         """Extend a lease this worker holds; False if it was taken over."""
@@ -92,11 +148,17 @@ class Lease:
         self.leases.release(self.run_id, self.worker)
 
 
+def _key(queue: str) -> int:
+    """A queue's advisory lock key: a stable signed 32-bit hash of its name."""
+    return int.from_bytes(hashlib.sha256(queue.encode()).digest()[:4], "big", signed=True)
+
+
 def wait_for_lease(leases: Leases, run_id: str, worker: str, seconds: float,
-                   wait: float) -> Lease:
-    """Claim a run's lease, waiting up to ``wait`` seconds for another holder's to expire."""
+                   wait: float, queue: str | None = None) -> Lease:
+    """Claim a run's lease, waiting up to ``wait`` seconds for another holder's to expire
+    (the lease counts in ``queue``, but is not held back by its limits)."""
     deadline = time.monotonic() + wait
-    while not leases.claim(run_id, worker, seconds):
+    while not leases.claim(run_id, worker, seconds, queue):
         if time.monotonic() >= deadline:
             held = leases.holder(run_id)
             raise LeaseHeldError(run_id, held[0] if held else "unknown")
