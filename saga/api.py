@@ -45,6 +45,7 @@ from saga.store import (
     Leases,
     SagaApplication,
     ToolCache,
+    UndoStore,
     default_worker_id,
     open_app,
     wait_for_lease,
@@ -70,6 +71,7 @@ class Saga:
         self._leases: Leases | None = None
         self._projection: Projection | None = None
         self._cache: ToolCache | None = None
+        self._undo_store: UndoStore | None = None
         self._schedules: Schedules | None = None
         self.worker = worker or default_worker_id()
 
@@ -110,6 +112,7 @@ class Saga:
         if self._db is not None:
             self._db.close()
             self._db, self._leases, self._cache, self._schedules = None, None, None, None
+            self._undo_store = None
         if self._app is not None:
             self._app.close()
             self._app = None
@@ -120,7 +123,7 @@ class Saga:
         waiting out in-process only waits up to ``hold`` seconds, default
         ``settings.hold_seconds``)."""
         return Executor(self.app, self.registry, worker=worker or self.worker,
-                        on_events=on_events, cache=self.cache,
+                        on_events=on_events, cache=self.cache, undo=self.undo_store,
                         hold=self.settings.hold_seconds if hold is None else hold)
 
     @property
@@ -168,6 +171,15 @@ class Saga:
             assert self._db is not None
             self._cache = ToolCache(self._db)
         return self._cache
+
+    @property
+    def undo_store(self) -> UndoStore:
+        """Where tools' undo state is kept, out of the log (``saga_undo``)."""
+        if self._undo_store is None:
+            self.leases  # noqa: B018 - opens the side connection the undo store shares
+            assert self._db is not None
+            self._undo_store = UndoStore(self._db, self.settings.undo_key)
+        return self._undo_store
 
     def load(self, source: str | Path | Mapping[str, Any]) -> Plan:
         """Load and validate a composition (a file path or raw data) into a plan, with the

@@ -10,10 +10,11 @@ Parameters:
     make_parents: create missing parent directories (default true).
 
 Output: ``{"action", "path", "existed", "bytes"}`` plus the previous state the
-compensation needs: for ``write``/``copy``/``delete`` of an existing file its content
-(``previous``, text, or base64 with ``previous_encoding: "base64"`` when it is not UTF-8)
-and permission bits (``previous_mode``); for ``append`` its size (``previous_size``).
-``created_dirs`` lists the directories the tool created.
+compensation needs: for ``write``/``copy``/``delete`` of an existing file its permission
+bits (``previous_mode``) and, as undo state (``_undo``, kept in the undo store and never in
+the log: a file may hold a password), its content (``previous``, text, or base64 with
+``previous_encoding: "base64"`` when it is not UTF-8); for ``append`` its size
+(``previous_size``). ``created_dirs`` lists the directories the tool created.
 
 Compensation (``compensate: true``) restores the previous state exactly: a file that did
 not exist is deleted again (and the directories the step created, when empty), an
@@ -21,7 +22,7 @@ overwritten or deleted file gets its old bytes and mode back, an appended file i
 back to its old size. It is idempotent.
 
 saga.toml ``[file] max_backup_bytes`` (default 10 MiB) bounds the previous content kept
-in the run's history; replacing or deleting a larger file fails with ``FileTooLarge``.
+to restore; replacing or deleting a larger file fails with ``FileTooLarge``.
 Errors: ``FileError`` (not retryable) for anything the file system refuses.
 """
 
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from saga.errors import ToolError
-from saga.tools.base import Tool, ToolContext
+from saga.tools.base import UNDO, Tool, ToolContext
 
 MAX_BACKUP = 10 << 20
 ACTIONS = ("write", "append", "copy", "delete")
@@ -130,7 +131,8 @@ def make_tool(config: Mapping[str, Any]) -> Tool:
                             f"{path} has {size} bytes, more than [file] max_backup_bytes "
                             f"({limit}) keeps to restore it", error_type="FileTooLarge",
                             retryable=False)
-                    out["previous"], out["previous_encoding"] = _encode(path.read_bytes())
+                    previous, encoding = _encode(path.read_bytes())
+                    out[UNDO] = {"previous": previous, "previous_encoding": encoding}
             elif action == "delete":
                 out["bytes"] = 0
                 return out
@@ -168,6 +170,9 @@ def make_tool(config: Mapping[str, Any]) -> Tool:
             raise ToolError("no recorded file state to restore", error_type="NoCompensation",
                             retryable=False)
         path = Path(output["path"])
+        # Recorded by a version that kept the previous content in the output itself.
+        kept = output.get(UNDO)
+        state: dict[str, Any] = kept if isinstance(kept, dict) else output
         try:
             if not output["existed"]:
                 removed = path.is_file()
@@ -180,9 +185,12 @@ def make_tool(config: Mapping[str, Any]) -> Tool:
                 with path.open("r+b") as f:
                     f.truncate(int(output["previous_size"]))
             else:
+                if "previous" not in state:
+                    raise ToolError(f"no previous content of {path} was recorded",
+                                    error_type="NoCompensation", retryable=False)
                 path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_bytes(_decode(output["previous"],
-                                         output.get("previous_encoding", "utf-8")))
+                path.write_bytes(_decode(state["previous"],
+                                         state.get("previous_encoding", "utf-8")))
             if output.get("previous_mode") is not None:
                 path.chmod(int(output["previous_mode"]))
         except OSError as e:

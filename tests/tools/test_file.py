@@ -42,8 +42,8 @@ def test_overwrite_restores_text_binary_and_mode_exactly(tmp_path: Path) -> None
     text.chmod(0o640)
     output = call(TOOL, {"action": "write", "path": str(text), "content": "replaced"})
     assert output["existed"] is True
-    assert output["previous"] == "line 1\nline 2\n"
-    assert output["previous_encoding"] == "utf-8"
+    assert output["_undo"] == {"previous": "line 1\nline 2\n", "previous_encoding": "utf-8"}
+    assert "previous" not in output  # undo state: the executor keeps it out of the log
     assert output["previous_mode"] == 0o640
     text.chmod(0o600)
     undo(TOOL, {}, output)
@@ -52,8 +52,8 @@ def test_overwrite_restores_text_binary_and_mode_exactly(tmp_path: Path) -> None
     blob.write_bytes(BINARY)
     output = roundtrip({"action": "write", "path": str(blob),
                         "content": base64.b64encode(b"\x00new").decode(), "encoding": "base64"})
-    assert output["previous_encoding"] == "base64"
-    assert base64.b64decode(output["previous"]) == BINARY
+    assert output["_undo"]["previous_encoding"] == "base64"
+    assert base64.b64decode(output["_undo"]["previous"]) == BINARY
     assert blob.read_bytes() == BINARY
 
 
@@ -72,7 +72,7 @@ def test_append_restores_by_cutting_back(tmp_path: Path) -> None:
     log.write_bytes(BINARY)
     params = {"action": "append", "path": str(log), "content": "more\n"}
     output = call(TOOL, params)
-    assert output["previous_size"] == len(BINARY) and "previous" not in output
+    assert output["previous_size"] == len(BINARY) and "_undo" not in output
     assert log.read_bytes() == BINARY + b"more\n"
     undo(TOOL, params, output)
     undo(TOOL, params, output)
@@ -153,3 +153,13 @@ def test_engine_restores_files_when_a_later_step_fails(tmp_path: Path,
     assert run.steps["mark"]["output"]["bytes"] == 2
     assert config.read_bytes() == b"version=1\n\x00binary tail"
     assert not created.exists() and not created.parent.exists()
+
+
+def test_a_run_recorded_with_the_previous_content_in_its_output_is_still_restored(
+        tmp_path: Path) -> None:
+    old = tmp_path / "old.txt"
+    old.write_text("v1")
+    output = call(TOOL, {"action": "write", "path": str(old), "content": "v2"})
+    legacy = {k: v for k, v in output.items() if k != "_undo"} | output["_undo"]
+    undo(TOOL, {}, legacy)
+    assert old.read_text() == "v1"
