@@ -73,8 +73,14 @@ class UndoStore:
                  clock: Callable[[], float] = time.time) -> None:
         self.db = db
         self.clock = clock
-        self._cipher = cipher(key)
-        db.create(UNDO_DDL)
+        self._cipher = cipher(key)  # a bad key is refused now, before anything runs
+        self._created = False
+
+    def _table(self) -> None:
+        """Create the table on first use (most runs never need it)."""
+        if not self._created:
+            self.db.create(UNDO_DDL)
+            self._created = True
 
     @property
     def encrypts(self) -> bool:
@@ -84,6 +90,7 @@ class UndoStore:
     def put(self, run_id: str, step_key: str, idempotency_key: str, attempt: int,
             state: Any) -> dict[str, str]:
         """Keep ``state`` (JSON); returns the reference the log records instead of it."""
+        self._table()
         plain = canonical(json_safe(state))
         salt = os.urandom(16)
         data = self._cipher.encrypt(plain).decode("ascii") if self._cipher else \
@@ -105,6 +112,7 @@ class UndoStore:
         ``UndoStateTampered``) when it cannot be trusted."""
         if not isinstance(reference, dict) or not isinstance(reference.get("ref"), str):
             raise _refused("the recorded undo reference is malformed", "UndoStateTampered")
+        self._table()
         rows = self.db.query(f"SELECT salt, encrypted, data FROM {UNDO_TABLE} WHERE ref = ?",
                              (reference["ref"],))
         if not rows:
@@ -133,5 +141,6 @@ class UndoStore:
 
     def forget(self, run_id: str) -> int:
         """Delete a run's undo state; returns how many rows went."""
+        self._table()
         return self.db.execute(f"DELETE FROM {UNDO_TABLE} WHERE run_uuid = ?",
                                (str(run_uuid(run_id)),))
