@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +44,7 @@ from saga.store import (
     Leases,
     SagaApplication,
     ToolCache,
+    UndoStore,
     default_worker_id,
     open_app,
     wait_for_lease,
@@ -70,6 +70,7 @@ class Saga:
         self._leases: Leases | None = None
         self._projection: Projection | None = None
         self._cache: ToolCache | None = None
+        self._undo_store: UndoStore | None = None
         self._schedules: Schedules | None = None
         self.worker = worker or default_worker_id()
 
@@ -110,6 +111,7 @@ class Saga:
         if self._db is not None:
             self._db.close()
             self._db, self._leases, self._cache, self._schedules = None, None, None, None
+            self._undo_store = None
         if self._app is not None:
             self._app.close()
             self._app = None
@@ -120,7 +122,7 @@ class Saga:
         waiting out in-process only waits up to ``hold`` seconds, default
         ``settings.hold_seconds``)."""
         return Executor(self.app, self.registry, worker=worker or self.worker,
-                        on_events=on_events, cache=self.cache,
+                        on_events=on_events, cache=self.cache, undo=self.undo_store,
                         hold=self.settings.hold_seconds if hold is None else hold)
 
     @property
@@ -168,6 +170,15 @@ class Saga:
             assert self._db is not None
             self._cache = ToolCache(self._db)
         return self._cache
+
+    @property
+    def undo_store(self) -> UndoStore:
+        """Where tools' undo state is kept, out of the log (``saga_undo``)."""
+        if self._undo_store is None:
+            self.leases  # noqa: B018 - opens the side connection the undo store shares
+            assert self._db is not None
+            self._undo_store = UndoStore(self._db, self.settings.undo_key)
+        return self._undo_store
 
     def load(self, source: str | Path | Mapping[str, Any]) -> Plan:
         """Load and validate a composition (a file path or raw data) into a plan, with the
@@ -448,20 +459,7 @@ class Saga:
 
     def state_at(self, run_id: str, at: str) -> Run:
         """The run as it was at a version number or an ISO timestamp."""
-        events = self.events(run_id)
-        if at.isdigit():
-            chosen = [e for e in events if e.originator_version <= int(at)]
-        else:
-            try:
-                moment = datetime.fromisoformat(at)
-            except ValueError:
-                raise RunStateError(f"--at {at!r} is neither a version nor an ISO time") from None
-            if moment.tzinfo is None:
-                moment = moment.replace(tzinfo=UTC)
-            chosen = [e for e in events if e.timestamp <= moment]
-        if not chosen:
-            raise RunStateError(f"run {run_id} did not exist yet at {at}")
-        return replay.state_at(chosen)
+        return replay.state_at_point(self.events(run_id), at, run_id)
 
     def executor_plan(self, run: Run) -> Plan:
         """The plan a run is driven by (its recorded definition, compiled)."""

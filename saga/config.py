@@ -85,6 +85,9 @@ class Settings:
     #: the run ``waiting`` for a worker.
     hold_seconds: float = 60.0
     audit_key: str | None = field(default=None, repr=False)
+    #: Fernet key(s), comma-separated (the first encrypts), for the undo store
+    #: (``SAGA_UNDO_KEY``); without one, undo state is kept there in plain text.
+    undo_key: str | None = field(default=None, repr=False)
     #: Environment variables compositions may read by name as ``{{ secret.NAME }}``
     #: (saga.toml ``[secrets] allow``); ``SAGA_SECRET_NAME`` is always readable.
     secrets_allow: tuple[str, ...] = ()
@@ -199,6 +202,7 @@ def load_settings(env: Mapping[str, str] | None = None, cwd: Path | None = None,
             lease_seconds=float(env.get("SAGA_LEASE_SECONDS") or data.get("lease_seconds", 30)),
             hold_seconds=float(env.get("SAGA_HOLD_SECONDS") or data.get("hold_seconds", 60)),
             audit_key=env.get("SAGA_AUDIT_KEY") or None,
+            undo_key=env.get("SAGA_UNDO_KEY") or None,
             expression_seconds=float(env.get("SAGA_EXPRESSION_SECONDS")
                                      or (data.get("limits") or {}).get("expression_seconds", 2)),
             secrets_allow=tuple(str(n) for n in (data.get("secrets") or {}).get("allow", [])

@@ -11,12 +11,14 @@ taken as they are, but a failure's ``retryable`` verdict is checked against the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from saga import scheduler
 from saga.chain import payload_of
 from saga.composition import Plan, compile_any
 from saga.domain import Run, step_key
+from saga.errors import RunStateError
 from saga.scheduler.actions import brief
 
 _WORLD = {"StepCompleted", "ApprovalGranted", "ApprovalRejected", "RunRetried",
@@ -117,3 +119,20 @@ def state_at(events: list[Any]) -> Run:
     for event in events[1:]:
         event.mutate(run)
     return run
+
+
+def state_at_point(events: list[Any], at: str, run_id: str) -> Run:
+    """The run as it was at ``at``: a version number or an ISO timestamp (UTC if naive)."""
+    if at.isdigit():
+        chosen = [e for e in events if e.originator_version <= int(at)]
+    else:
+        try:
+            moment = datetime.fromisoformat(at)
+        except ValueError:
+            raise RunStateError(f"--at {at!r} is neither a version nor an ISO time") from None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        chosen = [e for e in events if e.timestamp <= moment]
+    if not chosen:
+        raise RunStateError(f"run {run_id} did not exist yet at {at}")
+    return state_at(chosen)

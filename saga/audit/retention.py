@@ -14,7 +14,10 @@ costs, stated plainly: backups and replicas taken before retention still hold th
 until they age out; the unsalted ``payload_hash`` of a redacted event lets someone who can
 guess the removed values exactly (a short PIN, a yes/no) confirm a guess; and the
 non-redacted fields of a redacted event can no longer be re-checked against its hash (see
-:func:`verify_records`).
+:func:`verify_records`). The run's rows in the undo store (``saga_undo``: a file's previous
+bytes, captured rows, secret outputs) are deleted in the same transaction (on SQLite with
+``secure_delete``, so the freed pages are zeroed); the salted hashes the log keeps of them
+cannot be checked against a guess once the salts are gone.
 """
 
 
@@ -45,19 +48,22 @@ from saga.audit.store import (
     _read,
     _run_ids,
     _tables,
+    _uuid,
 )
 from saga.config import Settings
 from saga.store.application import open_app
 from saga.store.side_tables import Database
+from saga.store.undo import UNDO_TABLE
 
 
 @dataclass
 class _Plan:
     updates: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     snapshots: int = 0
+    undo: int = 0
 
     def __bool__(self) -> bool:
-        return bool(self.updates or self.snapshots)
+        return bool(self.updates or self.snapshots or self.undo)
 
 
 def _finished_before(records: Sequence[Record], cutoff: datetime) -> bool:
@@ -113,6 +119,8 @@ def _retain(db: Database, settings: Settings, run_id: str, cutoff: datetime, dry
             key: bytes | str | None) -> bool:
     events, snapshots = _tables(settings)
     has_snapshots = _has_table(db, snapshots)
+    has_undo = _has_table(db, UNDO_TABLE)
+    undo_where = (f"FROM {UNDO_TABLE} WHERE run_uuid = ?", (str(_uuid(run_id)),))
     args = _id_args(db, run_id)
     # A first look outside any transaction skips runs that are not due cheaply.
     plan = _plan(_read(db, settings, run_id), cutoff, key)
@@ -123,6 +131,9 @@ def _retain(db: Database, settings: Settings, run_id: str, cutoff: datetime, dry
             rows = db.query(f"SELECT COUNT(*) AS n FROM {snapshots} WHERE {_id_where(db)}",
                             args)
             plan.snapshots = int(rows[0]["n"])
+        if has_undo:
+            plan.undo = int(db.query(f"SELECT COUNT(*) AS n {undo_where[0]}",
+                                     undo_where[1])[0]["n"])
         return bool(plan)
     if plan.updates:  # the evidence first, through the store's own writer (chained, signed)
         _record_retention(settings, run_id, plan, _read(db, settings, run_id), key)
@@ -137,6 +148,11 @@ def _retain(db: Database, settings: Settings, run_id: str, cutoff: datetime, dry
         if has_snapshots:
             cur.execute(db.sql(f"DELETE FROM {snapshots} WHERE {_id_where(db)}"), args)
             plan.snapshots = max(cur.rowcount, 0)
+        if has_undo:
+            if not db.pg:  # overwrite the deleted rows' pages instead of leaving them free
+                cur.execute("PRAGMA secure_delete = ON")
+            cur.execute(db.sql(f"DELETE {undo_where[0]}"), undo_where[1])
+            plan.undo = max(cur.rowcount, 0)
     return bool(plan)
 
 
@@ -148,9 +164,9 @@ def apply_retention(settings: Settings, older_than_days: float, dry_run: bool = 
 
     Each run is rewritten in one transaction: the fields in :data:`REDACTABLE` become
     ``{"_redacted": true}``, every other field (type, timestamp, actor, prev_hash,
-    payload_hash, mac) stays, and the run's snapshots are deleted. A run whose chain does
-    not verify (with ``key`` when given) is skipped and logged, so evidence of tampering is
-    never overwritten. Unfinished runs are never touched.
+    payload_hash, mac) stays, and the run's snapshots and undo state are deleted. A run
+    whose chain does not verify (with ``key`` when given) is skipped and logged, so
+    evidence of tampering is never overwritten. Unfinished runs are never touched.
     """
     if older_than_days < 0:
         raise ValueError("older_than_days must be >= 0")

@@ -186,6 +186,7 @@ class Step(_Model):
     condition: str | None = Field(default=None, alias="when")
     expect: str | None = None
     cache: float | None = Field(default=None, gt=0, description="seconds to reuse the output")
+    secret_outputs: bool = Field(default=False, description="keep the output out of the log")
     heal: list[HealHandler] = Field(default_factory=list)
     timeout_ms: int | None = Field(default=None, gt=0)
     timeout: float | None = Field(default=None, gt=0, description="seconds")

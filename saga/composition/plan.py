@@ -284,10 +284,12 @@ def _step_problems(steps: list[tuple[int, Step]], graph: nx.DiGraph,
     these (index, step) pairs (``inputs``: the declared inputs, readable by bare name)."""
     problems: list[Problem] = []
     keys = _keys((step for _, step in steps), graph)
+    secret = {step.id for _, step in steps if step.secret_outputs}
     for i, step in steps:
         where = f"steps[{i}]"
         if tools is not None:
             problems += _tool_problems(step, where, tools)
+        problems += _secret_output_problems(step, where)
         if step.id not in graph:
             continue
         upstream: set[str] | None = None  # computed when a reference needs it: O(steps)
@@ -301,7 +303,11 @@ def _step_problems(steps: list[tuple[int, Step]], graph: nx.DiGraph,
             if step.until is not None:
                 extra = extra | {"output", "iteration", "previous", step.key, step.id}
             problems += _reference_problems(f"{where}.{path}", names, keys, upstream or set(),
-                                            extra, inputs)
+                                            extra, secret, inputs)
+            own_output = {"output", step.key, step.id, f"steps.{step.key}", f"steps.{step.id}"}
+            if step.secret_outputs and path.startswith("compensate") and names & own_output:
+                problems.append(Problem(f"{where}.{path}", _SECRET_OUTPUT + ": a compensate "
+                                        "block cannot read it (compensate: true can)"))
     seen_keys: dict[str, str] = {}
     for i, step in steps:
         if step.key in BASE_NAMES:
@@ -329,6 +335,7 @@ def _semantic_problems(definition: Definition, graph: nx.DiGraph,
                 continue
             names |= _steps_refs(value)
             problems += _reference_problems(f"outputs.{name}", names, keys, everything, set(),
+                                            {s.id for s in definition.steps if s.secret_outputs},
                                             inputs)
     for i, confirmation in enumerate(definition.confirmations):
         if confirmation.step not in graph:
@@ -471,8 +478,22 @@ def _code_steps_refs(source: str, mode: str) -> set[str]:
     return {f"steps.{name}" for name in names}
 
 
+_SECRET_OUTPUT = "its output is kept out of the log (secret_outputs: true)"
+
+
+def _secret_output_problems(step: Step, where: str) -> list[Problem]:
+    """``secret_outputs`` is for tool steps whose output nothing reads back from the log."""
+    if not step.secret_outputs:
+        return []
+    why = ("needs a tool step" if step.tool is None else
+           "cannot be combined with 'until', which reads the output" if step.until else
+           "cannot be combined with 'cache', which would keep the output" if step.cache else
+           None)
+    return [Problem(f"{where}.secret_outputs", why)] if why else []
+
+
 def _reference_problems(path: str, names: set[str], keys: dict[str, str], upstream: set[str],
-                        extra: Collection[str],
+                        extra: Collection[str], secret: Collection[str] = (),
                         inputs: frozenset[str] = frozenset()) -> list[Problem]:
     problems = []
     for name in sorted(names):
@@ -484,6 +505,8 @@ def _reference_problems(path: str, names: set[str], keys: dict[str, str], upstre
             elif step_id not in upstream and ref not in extra:
                 problems.append(Problem(path, f"references step {ref!r}, which is not upstream "
                                               "(add it to depends_on)"))
+            elif step_id in secret and ref not in extra:
+                problems.append(Problem(path, f"references step {ref!r}: {_SECRET_OUTPUT}"))
             continue
         if name in BASE_NAMES or name in _SAFE_BUILTINS or name in extra:
             continue
@@ -495,4 +518,6 @@ def _reference_problems(path: str, names: set[str], keys: dict[str, str], upstre
         elif step_id not in upstream:
             problems.append(Problem(path, f"references step {name!r}, which is not upstream "
                                           "(add it to depends_on)"))
+        elif step_id in secret:
+            problems.append(Problem(path, f"references step {name!r}: {_SECRET_OUTPUT}"))
     return problems

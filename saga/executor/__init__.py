@@ -13,6 +13,7 @@ needs it again. :mod:`~saga.executor.drive` is one drive of one run;
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -23,6 +24,8 @@ from saga.domain import Run
 from saga.executor.drive import Drive, EventHook, LeaseLike
 from saga.store.application import SagaApplication
 from saga.store.cache import ToolCache
+from saga.store.side_tables import Database
+from saga.store.undo import UndoStore
 from saga.tools import Registry
 
 __all__ = ["EventHook", "Executor", "LeaseLike", "plan_of"]
@@ -39,10 +42,12 @@ class Executor:
                  clock: Callable[[], datetime] = _now,
                  sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
                  on_events: EventHook | None = None, max_threads: int = 16,
-                 cache: ToolCache | None = None, hold: float = 60.0) -> None:
+                 cache: ToolCache | None = None, hold: float = 60.0,
+                 undo: UndoStore | None = None) -> None:
         """``hold``: the longest wait (a retry's backoff, a sleep, a signal's timeout) a
         drive waits out in this process; a longer one ends the drive, and a worker picks
-        the run up again when it is due."""
+        the run up again when it is due. ``undo``: where tools' undo state is kept (by
+        default opened on the store's database when first needed)."""
         self.app = app
         self.hold = hold
         self.sleep = sleep
@@ -51,11 +56,26 @@ class Executor:
         self.worker = worker
         self.clock = clock
         self.on_events = on_events
+        self._undo = undo
+        self._undo_db: Database | None = None
+        self._undo_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="saga-tool")
 
     def close(self) -> None:
         """Stop the tool thread pool."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._undo_db is not None:
+            self._undo_db.close()
+            self._undo_db, self._undo = None, None
+
+    @property
+    def undo_store(self) -> UndoStore:
+        """The undo store (:mod:`saga.store.undo`), opened on first use when not given."""
+        with self._undo_lock:
+            if self._undo is None:
+                self._undo_db = Database(self.app.settings)
+                self._undo = UndoStore(self._undo_db, self.app.settings.undo_key)
+            return self._undo
 
     def plan_for(self, run: Run) -> Plan:
         """The plan of the definition recorded in the run (never a file edited since)."""

@@ -22,8 +22,8 @@ from saga.chain import json_safe
 from saga.composition import Plan
 from saga.composition.definition import RetryPolicy, Step
 from saga.domain import Run, idempotency_key, step_key
-from saga.errors import ExpressionError, LeaseLostError, SagaError, ToolError
-from saga.executor import nesting
+from saga.errors import ExpressionError, LeaseLostError, ToolError
+from saga.executor import nesting, outputs
 from saga.scheduler import CompensateStep, Recorded, RequestApproval, RunRemedy, StartStep
 from saga.tools import ToolContext
 
@@ -376,7 +376,7 @@ class Drive:
                                                  action.iteration, action.parameters)
             else:
                 assert step.tool is not None
-                hit = self._cached(step, action)
+                hit = outputs.cached(self, step, action)
                 if hit is not None:
                     return Outcome("step", action.step_id, action.iteration, action.attempt,
                                    output=hit.pop("output"), cache=hit)
@@ -384,7 +384,8 @@ class Drive:
                                                step.timeout_seconds)
             _check_json(output)
             _check_expectation(step, output)
-            self._remember(step, action, output)
+            output = await outputs.keep(self, step, action, output)
+            outputs.remember(self, step, action, output)
         except Exception as e:
             return _failure("step", action.step_id, action.iteration, action.attempt, e,
                             step.timeout_seconds, started)
@@ -399,47 +400,12 @@ class Drive:
             output = await self._call_tool(action.tool, action.parameters, call, None,
                                            suffix=f":heal{action.index}")
             _check_json(output)
+            output = outputs.drop(output)
         except Exception as e:
             return _failure("remedy", action.step_id, action.iteration, action.index, e, None,
                             started)
         return Outcome("remedy", action.step_id, action.iteration, action.index, output=output,
                        duration_ms=_ms(started))
-
-    def _cacheable(self, step: Step, action: StartStep) -> bool:
-        # A call with secrets is never cached: its key would not see the values.
-        return (step.cache is not None and self.x.cache is not None and step.tool is not None
-                and not secrets.names_in(action.parameters))
-
-    def _cached(self, step: Step, action: StartStep) -> dict[str, Any] | None:
-        if not self._cacheable(step, action):
-            return None
-        assert self.x.cache is not None and step.tool is not None
-        hit = self.x.cache.get(step.tool, action.parameters)
-        if hit is None or not self._recorded(hit):
-            return None
-        hit["hit"] = True
-        return hit
-
-    def _recorded(self, hit: dict[str, Any]) -> bool:
-        """A cache entry is reused only when the run it names recorded that very output
-        (its events are chained): an edited cache row is a miss, never an answer."""
-        try:
-            source = self.x.app.get_run(hit["run_id"])
-        except SagaError:
-            source = None
-        found = source is not None and any(
-            s["step_id"] == hit["step_id"] and s["status"] in ("completed", "compensated")
-            and s["output"] == hit["output"] for s in source.steps.values())
-        if not found:
-            log.warning("ignoring cache entry %s: run %s recorded no such output",
-                        hit.get("key"), hit.get("run_id"))
-        return found
-
-    def _remember(self, step: Step, action: StartStep, output: Any) -> None:
-        if self._cacheable(step, action):
-            assert self.x.cache is not None and step.tool is not None and step.cache
-            self.x.cache.put(step.tool, action.parameters, output, self.run.run_id,
-                             action.step_id, step.cache)
 
     async def _call_compensation(self, action: CompensateStep) -> Outcome:
         step: Step = self.plan.step(action.step_id)
@@ -454,12 +420,14 @@ class Drive:
                 output = await nesting.compensate_child(self.x, self.run, recorded)
             elif action.tool is None:
                 assert step.tool is not None
+                recorded = await outputs.restore(self, recorded)
                 output = await self._call_tool(step.tool, action.parameters, call, timeout,
                                                suffix=":compensate", own_output=(recorded,))
             else:
                 output = await self._call_tool(action.tool, action.parameters, call, timeout,
                                                suffix=":compensate")
             _check_json(output)
+            output = outputs.drop(output, step.secret_outputs)
         except Exception as e:
             return _failure("compensation", action.step_id, action.iteration, 1, e, timeout,
                             started)
@@ -564,7 +532,8 @@ def _check_expectation(step: Step, output: Any) -> None:
     """A step with ``expect`` fails when its condition, over ``output``, is false (a gate
     that answers ``passed: false``)."""
     if step.expect is not None and not expressions.evaluate(step.expect, {"output": output}):
-        raise ToolError(f"expectation not met: {step.expect} (output {output!r:.200})",
+        shown = "" if step.secret_outputs else f" (output {output!r:.200})"  # kept out
+        raise ToolError(f"expectation not met: {step.expect}{shown}",
                         error_type="ExpectationFailed", retryable=False)
 
 

@@ -8,8 +8,17 @@ entry-point group, or by importing a module named with ``--tools``, ``SAGA_TOOLS
 in ``saga.toml`` are addressed as ``mcp.SERVER.TOOL`` (:mod:`saga.tools.mcp`).
 """
 
-from saga.tools.base import DECORATED, ParamSchema, Registry, Tool, ToolContext, ToolFunc, tool
+from saga.tools.base import (
+    DECORATED,
+    UNDO,
+    ParamSchema,
+    Registry,
+    Tool,
+    ToolContext,
+    ToolFunc,
+    tool,
+)
 from saga.tools.loading import import_modules, load_registry
 
-__all__ = ["DECORATED", "ParamSchema", "Registry", "Tool", "ToolContext", "ToolFunc",
+__all__ = ["DECORATED", "UNDO", "ParamSchema", "Registry", "Tool", "ToolContext", "ToolFunc",
            "import_modules", "load_registry", "tool"]

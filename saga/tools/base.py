@@ -29,6 +29,11 @@ if TYPE_CHECKING:
     pass
 
 ToolFunc = Callable[..., Any]
+#: The output key under which a tool returns what it needs only to undo the call (a file's
+#: previous bytes, rows captured before an update). The executor keeps it in the undo store
+#: (:mod:`saga.store.undo`), never in the log, and hands it back, checked, to the tool's
+#: own compensation as ``output["_undo"]``.
+UNDO = "_undo"
 #: A JSON-schema-like description of a tool's parameters (see :mod:`saga.tools.schema`).
 ParamSchema = dict[str, Any]
 

@@ -10,10 +10,11 @@ Parameters:
     make_parents: create missing parent directories (default true).
 
 Output: ``{"action", "path", "existed", "bytes"}`` plus the previous state the
-compensation needs: for ``write``/``copy``/``delete`` of an existing file its content
-(``previous``, text, or base64 with ``previous_encoding: "base64"`` when it is not UTF-8)
-and permission bits (``previous_mode``); for ``append`` its size (``previous_size``).
-``created_dirs`` lists the directories the tool created.
+compensation needs: for ``write``/``copy``/``delete`` of an existing file its permission
+bits (``previous_mode``) and, as undo state (``_undo``, kept in the undo store and never in
+the log: a file may hold a password), its content (``previous``, text, or base64 with
+``previous_encoding: "base64"`` when it is not UTF-8); for ``append`` its size
+(``previous_size``). ``created_dirs`` lists the directories the tool created.
 
 Compensation (``compensate: true``) restores the previous state exactly: a file that did
 not exist is deleted again (and the directories the step created, when empty), an
@@ -21,7 +22,13 @@ overwritten or deleted file gets its old bytes and mode back, an appended file i
 back to its old size. It is idempotent.
 
 saga.toml ``[file] max_backup_bytes`` (default 10 MiB) bounds the previous content kept
-in the run's history; replacing or deleting a larger file fails with ``FileTooLarge``.
+to restore; replacing or deleting a larger file fails with ``FileTooLarge``.
+
+Containment: every path (``path``, ``source``, and the recorded path a compensation
+restores) must lie under ``[file] root`` once symlinks and ``..`` are resolved; anything
+else fails with ``NotAllowed`` before the file system is touched. Without ``root`` the
+root is the working directory of the process (``root = "/"`` opts out). The tool acts on
+the resolved path. Relative paths are taken from the working directory.
 Errors: ``FileError`` (not retryable) for anything the file system refuses.
 """
 
@@ -38,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from saga.errors import ToolError
-from saga.tools.base import Tool, ToolContext
+from saga.tools.base import UNDO, Tool, ToolContext
 
 MAX_BACKUP = 10 << 20
 ACTIONS = ("write", "append", "copy", "delete")
@@ -101,11 +108,27 @@ def _missing_dirs(path: Path) -> list[Path]:
     return missing
 
 
+def root_of(section: Mapping[str, Any]) -> Path:
+    """The directory the tool may act under: ``[file] root``, else the working directory."""
+    root = section.get("root")
+    return Path(str(root)).resolve() if root else Path.cwd().resolve()
+
+
+def contained(path: Path, root: Path) -> Path:
+    """``path`` resolved (symlinks followed, ``..`` removed), or NotAllowed when that is not
+    under ``root``."""
+    resolved = path.resolve()
+    if resolved != root and not resolved.is_relative_to(root):
+        raise ToolError(f"{path} is outside the file root {root} (saga.toml [file] root)",
+                        error_type="NotAllowed", retryable=False)
+    return resolved
+
+
 def make_tool(config: Mapping[str, Any]) -> Tool:
-    """The ``file`` tool (``[file] max_backup_bytes`` from ``config``)."""
+    """The ``file`` tool (``[file] max_backup_bytes`` and ``root`` from ``config``)."""
     section = config.get("file") or {}
-    limit = int(section.get("max_backup_bytes", MAX_BACKUP)) if isinstance(section, dict) \
-        else MAX_BACKUP
+    section = section if isinstance(section, dict) else {}
+    limit = int(section.get("max_backup_bytes", MAX_BACKUP))
 
     def file(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         """Writes, appends, copies or deletes a file, remembering what was there."""
@@ -113,11 +136,13 @@ def make_tool(config: Mapping[str, Any]) -> Tool:
         if action not in ACTIONS:
             raise ToolError(f"action must be one of {', '.join(ACTIONS)}",
                             error_type="BadParameters", retryable=False)
-        path = Path(str(params["path"]))
+        given = str(params["path"])
+        root = root_of(section)
+        path = contained(Path(given), root)
         if path.is_dir():
-            raise _fail(f"{path} is a directory")
+            raise _fail(f"{given} is a directory")
         existed = path.is_file()
-        out: dict[str, Any] = {"action": action, "path": str(path), "existed": existed}
+        out: dict[str, Any] = {"action": action, "path": given, "existed": existed}
         try:
             if existed:
                 out["previous_mode"] = stat.S_IMODE(path.stat().st_mode)
@@ -130,7 +155,8 @@ def make_tool(config: Mapping[str, Any]) -> Tool:
                             f"{path} has {size} bytes, more than [file] max_backup_bytes "
                             f"({limit}) keeps to restore it", error_type="FileTooLarge",
                             retryable=False)
-                    out["previous"], out["previous_encoding"] = _encode(path.read_bytes())
+                    previous, encoding = _encode(path.read_bytes())
+                    out[UNDO] = {"previous": previous, "previous_encoding": encoding}
             elif action == "delete":
                 out["bytes"] = 0
                 return out
@@ -150,11 +176,11 @@ def make_tool(config: Mapping[str, Any]) -> Tool:
                     f.write(data)
                 out["bytes"] = len(data)
             elif action == "copy":
-                source = Path(str(params.get("source", "")))
+                source = contained(Path(str(params.get("source", ""))), root)
                 if not source.is_file():
                     raise _fail(f"source {source} is not a file")
                 shutil.copyfile(source, path)
-                out["source"] = str(source)
+                out["source"] = str(params.get("source", ""))
                 out["bytes"] = path.stat().st_size
             else:
                 path.unlink()
@@ -167,27 +193,35 @@ def make_tool(config: Mapping[str, Any]) -> Tool:
         if not isinstance(output, dict) or "existed" not in output:
             raise ToolError("no recorded file state to restore", error_type="NoCompensation",
                             retryable=False)
-        path = Path(output["path"])
+        given = str(output["path"])
+        root = root_of(section)
+        path = contained(Path(given), root)
+        # Recorded by a version that kept the previous content in the output itself.
+        kept = output.get(UNDO)
+        state: dict[str, Any] = kept if isinstance(kept, dict) else output
         try:
             if not output["existed"]:
                 removed = path.is_file()
                 path.unlink(missing_ok=True)
                 for d in output.get("created_dirs") or []:
-                    with contextlib.suppress(OSError):  # not empty: someone else uses it
-                        os.rmdir(d)
-                return {"path": str(path), "restored": "deleted" if removed else "absent"}
+                    with contextlib.suppress(OSError, ToolError):  # not empty: still used
+                        os.rmdir(contained(Path(d), root))
+                return {"path": given, "restored": "deleted" if removed else "absent"}
             if output["action"] == "append":
                 with path.open("r+b") as f:
                     f.truncate(int(output["previous_size"]))
             else:
+                if "previous" not in state:
+                    raise ToolError(f"no previous content of {given} was recorded",
+                                    error_type="NoCompensation", retryable=False)
                 path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_bytes(_decode(output["previous"],
-                                         output.get("previous_encoding", "utf-8")))
+                path.write_bytes(_decode(state["previous"],
+                                         state.get("previous_encoding", "utf-8")))
             if output.get("previous_mode") is not None:
                 path.chmod(int(output["previous_mode"]))
         except OSError as e:
-            raise _fail(f"cannot restore {path}", e) from e
-        return {"path": str(path), "restored": "previous content"}
+            raise _fail(f"cannot restore {given}", e) from e
+        return {"path": given, "restored": "previous content"}
 
     return Tool("file", file, restore, "Writes, appends, copies or deletes a file; its "
                 "compensation restores the previous content.", "builtin", PARAMS, _check)

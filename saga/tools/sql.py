@@ -24,6 +24,10 @@ Parameters:
         parameters when the step returned no rows. Both are rendered before the step
         runs; to use other parts of the output, write an explicit compensate block, where
         the step's output is ``{{ output }}`` (``params: ["{{ output.rows[0].id }}"]``).
+    undo_capture: ``{statement, params}``, a query run first, in the same transaction, whose
+        rows are what the undo needs (``SELECT id, password FROM users WHERE id = :id``
+        before an ``UPDATE``). They are undo state: kept in the undo store, never in the
+        log or the output, and the undo statement runs once per captured row.
 
 Output: ``{"rows": [{column: value}, ...], "rowcount": n}`` for the (last) statement; with
 ``statements`` also ``"results"``, one such object per statement. Values that are not JSON
@@ -45,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from saga.errors import ToolError
-from saga.tools.base import Tool, ToolContext
+from saga.tools.base import UNDO, Tool, ToolContext
 from saga.tools.schema import is_template
 
 _BIND = {"type": ["array", "object"]}
@@ -62,6 +66,10 @@ PARAMS: dict[str, Any] = {
         "timeout": {"type": "number", "minimum": 0},
         "undo_statement": {"type": "string", "minLength": 1},
         "undo_params": _BIND,
+        "undo_capture": {"type": "object", "required": ["statement"],
+                         "additionalProperties": False,
+                         "properties": {"statement": {"type": "string", "minLength": 1},
+                                        "params": _BIND}},
         "dynamic_sql": {"type": "boolean"},
     },
     "required": ["connection"],
@@ -129,9 +137,13 @@ def stacked(statement: str) -> bool:
     return False
 
 
-def execute(url: str, statements: list[tuple[str, Any]], fetch: bool | None = None,
+Fetch = bool | None | list[bool | None]
+
+
+def execute(url: str, statements: list[tuple[str, Any]], fetch: Fetch = None,
             timeout: float | None = None) -> list[dict[str, Any]]:
-    """Run statements in one transaction; one ``{rows, rowcount}`` per statement."""
+    """Run statements in one transaction; one ``{rows, rowcount}`` per statement.
+    ``fetch``: for every statement, or a list with one value per statement."""
     for statement, _ in statements:
         if stacked(statement):
             raise ToolError("one statement at a time (use `statements` for several): "
@@ -153,7 +165,11 @@ def _sqlite_path(url: str) -> str:
     return path
 
 
-def _sqlite(path: str, statements: list[tuple[str, Any]], fetch: bool | None,
+def _fetch(fetch: Fetch, index: int) -> bool | None:
+    return fetch[index] if isinstance(fetch, list) else fetch
+
+
+def _sqlite(path: str, statements: list[tuple[str, Any]], fetch: Fetch,
             timeout: float | None) -> list[dict[str, Any]]:
     if path != ":memory:" and not Path(path).parent.is_dir():
         raise ToolError(f"SQLite database directory {str(Path(path).parent)!r} does not exist",
@@ -163,9 +179,10 @@ def _sqlite(path: str, statements: list[tuple[str, Any]], fetch: bool | None,
     try:
         results = []
         conn.execute("BEGIN")
-        for statement, params in statements:
+        for i, (statement, params) in enumerate(statements):
             cur = conn.execute(statement, _bind(params, ()))
-            results.append(_result(cur, fetch, lambda r: dict(zip(r.keys(), r, strict=True))))
+            results.append(_result(cur, _fetch(fetch, i),
+                                   lambda r: dict(zip(r.keys(), r, strict=True))))
         conn.execute("COMMIT")
         return results
     except sqlite3.Error as e:
@@ -177,7 +194,7 @@ def _sqlite(path: str, statements: list[tuple[str, Any]], fetch: bool | None,
         conn.close()
 
 
-def _postgres(url: str, statements: list[tuple[str, Any]], fetch: bool | None,
+def _postgres(url: str, statements: list[tuple[str, Any]], fetch: Fetch,
               timeout: float | None) -> list[dict[str, Any]]:
     try:
         import psycopg
@@ -196,11 +213,11 @@ def _postgres(url: str, statements: list[tuple[str, Any]], fetch: bool | None,
                 conn.execute("SELECT set_config('statement_timeout', %s, true)",
                              [str(int(float(timeout) * 1000))])
             results = []
-            for statement, params in statements:
+            for i, (statement, params) in enumerate(statements):
                 if isinstance(params, Mapping) and "%(" not in statement:
                     statement = _pyformat(statement)
                 cur = conn.execute(statement, _bind(params, None))
-                results.append(_result(cur, fetch, dict))
+                results.append(_result(cur, _fetch(fetch, i), dict))
             return results
     except psycopg.Error as e:
         detail = (e.diag.message_primary if e.diag and e.diag.message_primary else str(e))
@@ -293,9 +310,14 @@ def make_tool(config: Mapping[str, Any]) -> Tool:
             problems.append("give exactly one of statement or statements")
         if "undo_params" in params and "undo_statement" not in params:
             problems.append("undo_params needs undo_statement")
+        capture = params.get("undo_capture")
+        if capture is not None and ("undo_statement" not in params or "undo_params" in params):
+            problems.append("undo_capture needs undo_statement (and no undo_params)")
         connection = params.get("connection")
         texts = [("statement", params.get("statement")),
                  ("undo_statement", params.get("undo_statement")),
+                 ("undo_capture.statement",
+                  capture.get("statement") if isinstance(capture, dict) else None),
                  *((f"statements[{i}].statement", s.get("statement"))
                    for i, s in enumerate(params.get("statements") or [])
                    if isinstance(s, dict))]
@@ -324,10 +346,18 @@ def make_tool(config: Mapping[str, Any]) -> Tool:
             batch = [(s["statement"], s.get("params")) for s in params["statements"]]
         else:
             batch = [(params.get("statement") or "", params.get("params"))]
-        results = execute(url, batch, params.get("fetch"), params.get("timeout"))
+        capture = params.get("undo_capture")
+        if isinstance(capture, dict):  # rows for the undo, read in the same transaction
+            batch.insert(0, (capture.get("statement") or "", capture.get("params")))
+        fetch = params.get("fetch")
+        results = execute(url, batch, [True, *[fetch] * (len(batch) - 1)] if capture else fetch,
+                          params.get("timeout"))
+        captured = results.pop(0) if isinstance(capture, dict) else None
         out = dict(results[-1])
         if params.get("statements"):
             out["results"] = results
+        if captured is not None:
+            out[UNDO] = {"rows": captured["rows"]}
         return out
 
     def undo(params: dict[str, Any], output: Any, ctx: ToolContext) -> dict[str, Any]:
@@ -336,8 +366,13 @@ def make_tool(config: Mapping[str, Any]) -> Tool:
             raise ToolError("sql step has no undo_statement to compensate with",
                             error_type="NoCompensation", retryable=False)
         url = resolve_url(str(params.get("connection", "")), config)
+        state = output.get(UNDO) if isinstance(output, dict) else None
         if "undo_params" in params:
             batch = [(statement, params["undo_params"])]
+        elif isinstance(state, dict) and "rows" in state:  # captured by undo_capture
+            batch = [(statement, row) for row in state["rows"]]
+            if not batch:
+                return {"rows": [], "rowcount": 0}
         else:
             rows = output.get("rows") if isinstance(output, dict) else None
             batch = [(statement, row) for row in rows] if rows else [(statement, None)]

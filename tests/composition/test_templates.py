@@ -63,13 +63,14 @@ SagaFactory = Callable[..., Saga]
 
 @pytest.fixture
 def make_saga(tmp_path: Path) -> Iterator[SagaFactory]:
-    """Sagas on a SQLite store in tmp whose tools read this saga.toml data; every run they
-    recorded is replayed through the scheduler at teardown."""
+    """Sagas on a SQLite store in tmp whose tools read this saga.toml data (the file tool's
+    root is tmp); every run they recorded is replayed through the scheduler at teardown."""
     made: list[Saga] = []
 
     def make(settings: Settings | None = None, **file: Any) -> Saga:
         base = settings or Settings(home=tmp_path / ".saga", actor="tester")
-        settings = dataclasses.replace(base, file={**ALLOW, **file})
+        settings = dataclasses.replace(base, file={**ALLOW, "file": {"root": str(tmp_path)},
+                                                   **file})
         s = Saga(settings, registry=load_registry((), settings=settings))
         made.append(s)
         return s

@@ -6,12 +6,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from saga import Saga
 from saga.cli import main
 
 SEED = Path(__file__).resolve().parents[1] / "seeds" / "001_search_fold_store.json"
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file tool acts under the working directory (its default root): the temp one."""
+    monkeypatch.chdir(tmp_path)
 
 
 def seed_with_a_file_and_a_failure(tmp_path: Path) -> dict:

@@ -41,7 +41,7 @@ def test_tool_errors_are_recorded_and_undone(case: str, sqlite_settings: Setting
     }
     expected = {"shell": "NotAllowed", "http": "HTTPStatus", "sql": "SQLError",
                 "parameters": "InvalidParameters"}
-    with engine(sqlite_settings, shell={"allow": ["echo"]},
+    with engine(sqlite_settings, shell={"allow": ["echo"]}, file={"root": str(tmp_path)},
                 sql={"connections": {"db": f"sqlite:///{tmp_path}/db.db"}}) as s:
         error = failure(s, chain(written(tmp_path), steps[case]))
     assert error["error_type"] == expected[case]

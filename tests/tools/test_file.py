@@ -1,4 +1,5 @@
-"""The file tool in a temp directory: each action and its exact restoration."""
+"""The file tool in a temp directory: each action, its exact restoration, and containment
+under ``[file] root`` (by default the working directory, which is the temp directory here)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,12 @@ from tests.tools.test_common import FAIL, call, chain, engine, undo
 
 TOOL = make_tool({})
 BINARY = bytes(range(256)) + b"\xff\xfe not utf-8"
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The working directory, and so the default root, is each test's temp directory."""
+    monkeypatch.chdir(tmp_path)
 
 
 def roundtrip(params: dict[str, Any]) -> dict[str, Any]:
@@ -42,8 +49,8 @@ def test_overwrite_restores_text_binary_and_mode_exactly(tmp_path: Path) -> None
     text.chmod(0o640)
     output = call(TOOL, {"action": "write", "path": str(text), "content": "replaced"})
     assert output["existed"] is True
-    assert output["previous"] == "line 1\nline 2\n"
-    assert output["previous_encoding"] == "utf-8"
+    assert output["_undo"] == {"previous": "line 1\nline 2\n", "previous_encoding": "utf-8"}
+    assert "previous" not in output  # undo state: the executor keeps it out of the log
     assert output["previous_mode"] == 0o640
     text.chmod(0o600)
     undo(TOOL, {}, output)
@@ -52,8 +59,8 @@ def test_overwrite_restores_text_binary_and_mode_exactly(tmp_path: Path) -> None
     blob.write_bytes(BINARY)
     output = roundtrip({"action": "write", "path": str(blob),
                         "content": base64.b64encode(b"\x00new").decode(), "encoding": "base64"})
-    assert output["previous_encoding"] == "base64"
-    assert base64.b64decode(output["previous"]) == BINARY
+    assert output["_undo"]["previous_encoding"] == "base64"
+    assert base64.b64decode(output["_undo"]["previous"]) == BINARY
     assert blob.read_bytes() == BINARY
 
 
@@ -72,7 +79,7 @@ def test_append_restores_by_cutting_back(tmp_path: Path) -> None:
     log.write_bytes(BINARY)
     params = {"action": "append", "path": str(log), "content": "more\n"}
     output = call(TOOL, params)
-    assert output["previous_size"] == len(BINARY) and "previous" not in output
+    assert output["previous_size"] == len(BINARY) and "_undo" not in output
     assert log.read_bytes() == BINARY + b"more\n"
     undo(TOOL, params, output)
     undo(TOOL, params, output)
@@ -153,3 +160,89 @@ def test_engine_restores_files_when_a_later_step_fails(tmp_path: Path,
     assert run.steps["mark"]["output"]["bytes"] == 2
     assert config.read_bytes() == b"version=1\n\x00binary tail"
     assert not created.exists() and not created.parent.exists()
+
+
+def test_a_run_recorded_with_the_previous_content_in_its_output_is_still_restored(
+        tmp_path: Path) -> None:
+    old = tmp_path / "old.txt"
+    old.write_text("v1")
+    output = call(TOOL, {"action": "write", "path": str(old), "content": "v2"})
+    legacy = {k: v for k, v in output.items() if k != "_undo"} | output["_undo"]
+    undo(TOOL, {}, legacy)
+    assert old.read_text() == "v1"
+
+
+# -- containment -----------------------------------------------------------------------------
+
+def test_paths_outside_the_root_are_refused_after_resolving_dot_dot_and_symlinks(
+        tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    outside = tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (outside / "target.txt").write_text("untouched")
+    (root / "link").symlink_to(outside)                    # a directory symlink out
+    (root / "file-link").symlink_to(outside / "target.txt")  # a file symlink out
+    rooted = make_tool({"file": {"root": str(root)}})
+    escapes = [str(root / ".." / "outside" / "new.txt"), str(root / "link" / "target.txt"),
+               str(root / "file-link"), str(root / "link" / "new.txt"), "/etc/passwd",
+               "../outside/target.txt"]
+    for path in escapes:
+        for params in ({"action": "write", "path": path, "content": "x"},
+                       {"action": "delete", "path": path}):
+            with pytest.raises(ToolError, match="outside the file root") as refused:
+                call(rooted, params)
+            assert refused.value.error_type == "NotAllowed" and not refused.value.retryable
+    assert (outside / "target.txt").read_text() == "untouched"
+    assert sorted(p.name for p in outside.iterdir()) == ["target.txt"]
+    with pytest.raises(ToolError, match="outside the file root"):  # reading out is refused too
+        call(rooted, {"action": "copy", "path": str(root / "copy.txt"),
+                      "source": str(root / "link" / "target.txt")})
+    assert not (root / "copy.txt").exists()
+    inside = root / "sub" / ".." / "ok.txt"                # `..` that stays inside is fine
+    call(rooted, {"action": "write", "path": str(inside), "content": "fine"})
+    assert (root / "ok.txt").read_text() == "fine"
+    (root / "inner-link").symlink_to(root / "ok.txt")      # a symlink that stays inside too
+    call(rooted, {"action": "append", "path": str(root / "inner-link"), "content": "!"})
+    assert (root / "ok.txt").read_text() == "fine!"
+
+
+def test_the_default_root_is_the_working_directory_and_slash_opts_out(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    call(TOOL, {"action": "write", "path": "relative.txt", "content": "x"})
+    assert (work / "relative.txt").read_text() == "x"
+    with pytest.raises(ToolError, match=f"outside the file root {work}"):
+        call(TOOL, {"action": "write", "path": str(tmp_path / "sibling.txt"), "content": "x"})
+    anywhere = make_tool({"file": {"root": "/"}})
+    call(anywhere, {"action": "write", "path": str(tmp_path / "sibling.txt"), "content": "x"})
+    assert (tmp_path / "sibling.txt").read_text() == "x"
+
+
+def test_a_compensation_checks_the_recorded_path_too(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    rooted = make_tool({"file": {"root": str(root)}})
+    forged = {"action": "write", "path": str(victim), "existed": False, "bytes": 1}
+    with pytest.raises(ToolError, match="outside the file root"):
+        undo(rooted, {}, forged)
+    assert victim.read_text() == "keep me"
+
+
+def test_the_root_from_saga_toml_applies_to_runs(tmp_path: Path,
+                                                  sqlite_settings: Settings) -> None:
+    root = tmp_path / "data"
+    root.mkdir()
+    with engine(sqlite_settings, file={"root": str(root)}) as s:
+        run = s.run(s.load(chain(
+            {"id": "ok", "tool": "file", "args": {"action": "write",
+                                                  "path": str(root / "a.txt"), "content": "a"}},
+            {"id": "out", "tool": "file", "args": {"action": "write",
+                                                   "path": str(root / ".." / "b.txt"),
+                                                   "content": "b"}})))
+    assert run.status == "compensated" and run.steps["out"]["error"]["type"] == "NotAllowed"
+    assert not (tmp_path / "b.txt").exists() and not (root / "a.txt").exists()

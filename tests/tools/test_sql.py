@@ -139,6 +139,34 @@ def test_undo_statement_with_params_or_with_each_returned_row(db: Db) -> None:
     assert nothing.value.error_type == "NoCompensation"
 
 
+def test_undo_capture_reads_the_rows_to_restore_in_the_same_transaction(db: Db) -> None:
+    t = make_tool(db.config)
+    call(t, {"connection": "main", "statement": f"INSERT INTO {db.table} (id, name) VALUES "
+             "(1, 'a'), (2, 'b'), (3, 'c')"})
+    params = {"connection": "main",
+              "statement": f"UPDATE {db.table} SET name = 'z' WHERE id < {db.q('n')}",
+              "params": {"n": 3}, "fetch": False,
+              "undo_capture": {"statement": f"SELECT id, name FROM {db.table} "
+                                           f"WHERE id < {db.q('n')}", "params": {"n": 3}},
+              "undo_statement": f"UPDATE {db.table} SET name = {db.q('name')} "
+                                f"WHERE id = {db.q('id')}"}
+    output = call(t, params)
+    assert output["rowcount"] == 2 and output["rows"] == []
+    assert output["_undo"] == {"rows": [{"id": 1, "name": "a"}, {"id": 2, "name": "b"}]}
+    assert [r["name"] for r in rows(db)] == ["z", "z", "c"]
+    assert undo(t, params, output)["rowcount"] == 2
+    assert [r["name"] for r in rows(db)] == ["a", "b", "c"]
+    assert undo(t, params, {"rowcount": 0, "rows": [], "_undo": {"rows": []}}) == {
+        "rows": [], "rowcount": 0}  # nothing was captured: nothing to undo
+    assert t.check_parameters({"connection": "main", "statement": "SELECT 1",
+                               "undo_capture": {"statement": "SELECT 1"}}) == [
+        "undo_capture needs undo_statement (and no undo_params)"]
+    assert t.check_parameters({"connection": "main", "statement": "SELECT 1",
+                               "undo_statement": "SELECT 1",
+                               "undo_capture": {"statement": "SELECT '{{ inputs.x }}'"}}) == [
+        "undo_capture.statement is a template: only params may carry values (SQL injection)"]
+
+
 def test_parameters_and_connections_are_checked(tmp_path: Path) -> None:
     t = make_tool({"sql": {"connections": {"main": "sqlite:///x.db",
                                            "other": {"url": "sqlite:///y.db"}}}})
