@@ -6,24 +6,21 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-import json
 import logging
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
-import tenacity
-
 from saga import expressions, scheduler, secrets
-from saga.chain import json_safe
 from saga.composition import Plan
-from saga.composition.definition import RetryPolicy, Step
+from saga.composition.definition import Step
 from saga.domain import Run, idempotency_key, step_key
-from saga.errors import ExpressionError, LeaseLostError, SagaError, ToolError
-from saga.executor import nesting
+from saga.errors import LeaseLostError, SagaError, ToolError
+from saga.executor import calls, nesting
+from saga.executor.calls import Outcome
 from saga.scheduler import CompensateStep, Recorded, RequestApproval, RunRemedy, StartStep
 from saga.tools import ToolContext
 
@@ -46,50 +43,6 @@ class LeaseLike(Protocol):
         ...
 
 EventHook = Callable[[Run, list[Any]], None]
-_DEFAULT_RETRY = RetryPolicy()
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What happened when the executor performed one call."""
-
-    kind: str  # "step", "compensation" or "timer"
-    step_id: str
-    iteration: int
-    attempt: int
-    ok: bool = True
-    output: Any = None
-    error_type: str = ""
-    message: str = ""
-    retryable: bool = True
-    duration_ms: int = 0
-    cache: dict[str, Any] | None = None
-
-    def __post_init__(self) -> None:
-        # Whatever a tool answered must be recordable (promise 1 hangs on it).
-        object.__setattr__(self, "output", json_safe(self.output))
-        object.__setattr__(self, "message", json_safe(self.message))
-
-
-def wait_strategy(policy: RetryPolicy) -> tenacity.wait.wait_base:
-    """A retry policy as tenacity's wait strategy: the one place specs become tenacity."""
-    if policy.backoff == "fixed":
-        base: tenacity.wait.wait_base = tenacity.wait_fixed(policy.delay)
-    elif policy.backoff == "linear":
-        base = tenacity.wait_incrementing(start=policy.delay, increment=policy.delay,
-                                          max=policy.max_delay)
-    else:
-        base = tenacity.wait_exponential(multiplier=policy.delay, exp_base=policy.multiplier,
-                                         max=policy.max_delay)
-    return base + tenacity.wait_random(0, policy.jitter) if policy.jitter else base
-
-
-def retry_delay(policy: RetryPolicy, attempt: int) -> float:
-    """Seconds to wait after failed attempt number ``attempt`` (jitter included)."""
-    state = tenacity.RetryCallState(retry_object=tenacity.Retrying(), fn=None, args=(),
-                                    kwargs={})
-    state.attempt_number = attempt
-    return float(wait_strategy(policy)(state))
 
 
 class Drive:
@@ -136,7 +89,7 @@ class Drive:
             if keeper is not None and keeper in done:
                 keeper.result()  # raises LeaseLostError
             for task in done:
-                self._record(_outcome_of(task, *self.tasks.pop(task)))  # type: ignore[arg-type,call-overload]
+                self._record(calls.outcome_of(task, *self.tasks.pop(task)))  # type: ignore[arg-type,call-overload]
 
     async def _keep_lease(self) -> None:
         """Renew the run's lease until the drive ends; raise when another worker took it."""
@@ -256,7 +209,7 @@ class Drive:
 
     def _end_wait(self, state: dict[str, Any], wait: dict[str, Any]) -> None:
         step_id, iteration, attempt = state["step_id"], state["iteration"], state["attempt"]
-        waited = _ms_between_iso(state.get("attempt_started_at"), self.x.clock())
+        waited = calls.ms_between_iso(state.get("attempt_started_at"), self.x.clock())
         if wait["signal"] is None:
             self.run.complete_step(step_id, iteration, attempt,
                                    {"slept_until": wait["until"]}, waited)
@@ -318,7 +271,8 @@ class Drive:
             next_at = self.x.clock().isoformat()
         elif retry:
             step = self.plan.step(outcome.step_id)
-            delay = retry_delay(step.retry or _default_policy(self.plan), outcome.attempt)
+            policy = step.retry or calls.default_policy(self.plan)
+            delay = calls.retry_delay(policy, outcome.attempt)
             next_at = (self.x.clock() + timedelta(seconds=delay)).isoformat()
         self.run.fail_step(outcome.step_id, outcome.iteration, outcome.attempt,
                            outcome.error_type, outcome.message, retry, next_at)
@@ -382,14 +336,14 @@ class Drive:
                                    output=hit.pop("output"), cache=hit)
                 output = await self._call_tool(step.tool, action.parameters, action,
                                                step.timeout_seconds)
-            _check_json(output)
-            _check_expectation(step, output)
+            calls.check_json(output)
+            calls.check_expectation(step, output)
             self._remember(step, action, output)
         except Exception as e:
-            return _failure("step", action.step_id, action.iteration, action.attempt, e,
+            return calls.failure("step", action.step_id, action.iteration, action.attempt, e,
                             step.timeout_seconds, started)
         return Outcome("step", action.step_id, action.iteration, action.attempt, output=output,
-                       duration_ms=_ms(started))
+                       duration_ms=calls.ms(started))
 
     async def _call_remedy(self, action: RunRemedy) -> Outcome:
         """Call one auto-heal remedy; its ``attempt`` field carries the remedy's index."""
@@ -398,12 +352,12 @@ class Drive:
         try:
             output = await self._call_tool(action.tool, action.parameters, call, None,
                                            suffix=f":heal{action.index}")
-            _check_json(output)
+            calls.check_json(output)
         except Exception as e:
-            return _failure("remedy", action.step_id, action.iteration, action.index, e, None,
+            return calls.failure("remedy", action.step_id, action.iteration, action.index, e, None,
                             started)
         return Outcome("remedy", action.step_id, action.iteration, action.index, output=output,
-                       duration_ms=_ms(started))
+                       duration_ms=calls.ms(started))
 
     def _cacheable(self, step: Step, action: StartStep) -> bool:
         # A call with secrets is never cached: its key would not see the values.
@@ -459,12 +413,12 @@ class Drive:
             else:
                 output = await self._call_tool(action.tool, action.parameters, call, timeout,
                                                suffix=":compensate")
-            _check_json(output)
+            calls.check_json(output)
         except Exception as e:
-            return _failure("compensation", action.step_id, action.iteration, 1, e, timeout,
+            return calls.failure("compensation", action.step_id, action.iteration, 1, e, timeout,
                             started)
         return Outcome("compensation", action.step_id, action.iteration, 1, output=output,
-                       duration_ms=_ms(started))
+                       duration_ms=calls.ms(started))
 
     async def _call_tool(self, name: str, parameters: Any, action: StartStep,
                          timeout: float | None, suffix: str = "",
@@ -475,7 +429,7 @@ class Drive:
         if own_output is not None:
             if tool.compensate is None:
                 raise ToolError(f"tool {name!r} has no compensation", retryable=False)
-            func = _bind_output(tool.compensate, own_output[0])
+            func = calls.bind_output(tool.compensate, own_output[0])
         run_id = self.run.run_id
         ctx = ToolContext(
             run_id=run_id, step_id=action.step_id, iteration=action.iteration,
@@ -491,7 +445,7 @@ class Drive:
         params = secrets.reveal(params, values)
         if own_output is not None:
             assert tool.compensate is not None
-            func = _bind_output(tool.compensate, secrets.reveal(recorded, values))
+            func = calls.bind_output(tool.compensate, secrets.reveal(recorded, values))
         else:
             problems = tool.check_parameters(params)
             if problems:  # rendered values can break a schema that templates passed
@@ -505,7 +459,7 @@ class Drive:
         except (ToolError, TimeoutError):
             if not values:
                 raise
-            raise _concealed(sys.exc_info()[1], values) from None
+            raise calls.concealed(sys.exc_info()[1], values) from None
         except Exception as e:
             if not values:
                 raise
@@ -517,80 +471,4 @@ class Drive:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.x._pool, func, *args)
 
-
-def _concealed(error: BaseException | None, values: dict[str, str]) -> BaseException:
-    """The same failure, with any secret value in its message replaced by its marker."""
-    if isinstance(error, ToolError):
-        return ToolError(secrets.conceal(error.message, values), error_type=error.error_type,
-                         retryable=error.retryable)
-    return error or ToolError("failed")
-
-
-def _bind_output(compensate: Callable[..., Any], output: Any) -> Callable[..., Any]:
-    """A tool's own compensation ``(params, output, ctx)`` as a ``(params, ctx)`` call."""
-    if inspect.iscoroutinefunction(compensate):
-        async def call_async(params: Any, ctx: ToolContext) -> Any:
-            return await compensate(params, output, ctx)
-        return call_async
-
-    def call(params: Any, ctx: ToolContext) -> Any:
-        return compensate(params, output, ctx)
-    return call
-
-
-def _default_policy(plan: Plan) -> RetryPolicy:
-    if plan.definition.error_handling.failure_strategy == "retry":
-        return RetryPolicy(delay=0.5, multiplier=2.0)
-    return _DEFAULT_RETRY
-
-
-def _failure(kind: str, step_id: str, iteration: int, attempt: int, e: Exception,
-             timeout: float | None, started: float) -> Outcome:
-    if isinstance(e, TimeoutError):
-        error_type, message, retryable = "timeout", f"timed out after {timeout:g}s", True
-    elif isinstance(e, ToolError):
-        error_type, message, retryable = e.error_type, e.message, e.retryable
-    elif isinstance(e, ExpressionError):  # ExpressionLimit says so by its type
-        error_type, message, retryable = type(e).__name__, str(e), False
-    else:
-        error_type, message, retryable = type(e).__name__, str(e) or type(e).__name__, True
-    return Outcome(kind, step_id, iteration, attempt, ok=False, error_type=error_type,
-                   message=message, retryable=retryable, duration_ms=_ms(started))
-
-
-def _check_expectation(step: Step, output: Any) -> None:
-    """A step with ``expect`` fails when its condition, over ``output``, is false (a gate
-    that answers ``passed: false``)."""
-    if step.expect is not None and not expressions.evaluate(step.expect, {"output": output}):
-        raise ToolError(f"expectation not met: {step.expect} (output {output!r:.200})",
-                        error_type="ExpectationFailed", retryable=False)
-
-
-def _outcome_of(task: asyncio.Task[Outcome], kind: str, step_id: str, iteration: int,
-                number: int) -> Outcome:
-    """A finished call's outcome; an error no call path caught becomes a recorded failure
-    of that attempt, never an exception that leaves the attempt running forever."""
-    try:
-        return task.result()
-    except Exception as e:
-        return Outcome(kind, step_id, iteration, number, ok=False, error_type=type(e).__name__,
-                       message=f"unexpected error: {e}", retryable=False)
-
-
-def _ms_between_iso(start: str | None, end: datetime) -> int:
-    if start is None:
-        return 0
-    return max(round((end - datetime.fromisoformat(start)).total_seconds() * 1000), 0)
-
-
-def _check_json(value: Any) -> None:
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError) as e:
-        raise ToolError(f"output is not JSON: {e}", error_type="OutputNotJSON",
-                        retryable=False) from e
-
-
-def _ms(started: float) -> int:
-    return round((time.monotonic() - started) * 1000)
 
