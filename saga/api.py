@@ -49,6 +49,7 @@ from saga.store import (
     open_app,
     wait_for_lease,
 )
+from saga.telemetry import metrics, tracing
 from saga.tools import Registry, load_registry
 from saga.views import row_summary, run_summary
 from saga.worker import WORKER_HOLD, Worker
@@ -179,7 +180,9 @@ class Saga:
               options: Mapping[str, Any] | None = None, run_id: str | None = None,
               context: Mapping[str, Any] | None = None) -> Run:
         """Check inputs and create a run (not yet saved); see :meth:`run` and :meth:`submit`.
-        ``context`` adds to what the run records as its context (``scheduled_at``...).
+        ``context`` adds to what the run records as its context (``scheduled_at``...);
+        the run's trace is recorded there too (``trace_id``, and ``traceparent`` when
+        ``context`` gives a valid one: the span the run starts under).
 
         ``run_id``: the caller's name for the run (``ORDER-42``). Starting a name that
         exists with the same definition and inputs returns that run, already saved (its
@@ -196,7 +199,9 @@ class Saga:
             if not seconds:
                 raise InputError([Problem("timeout", f"{timeout!r} is not a duration")])
             options["timeout"] = seconds
-        recorded_context: dict[str, Any] = {**dict(context or {}),
+        given = dict(context or {})
+        trace = tracing.trace_context(given.pop("traceparent", None))
+        recorded_context: dict[str, Any] = {**given, **trace,
                                             "actor": actor or self.settings.actor,
                                             "labels": check_labels(labels or {}),
                                             "mode": (options or {}).get("mode", "normal")}
@@ -231,6 +236,7 @@ class Saga:
                   kwargs: dict[str, Any]) -> Run:
         """Save a run just started; when another process saved the same chosen id first,
         the run it saved (or a conflict)."""
+        pending = list(run.pending_events)
         try:
             self.app.save_run(run)
         except ConcurrentWriteError:
@@ -240,6 +246,7 @@ class Saga:
             if again.pending_events:
                 raise
             return again
+        metrics.recorded(run.name, pending)
         return run
 
     def dry_run(self, plan: Plan | str | Path,
@@ -406,8 +413,10 @@ class Saga:
             run = self.get(run_id)
             _refuse_redacted(run)
             record(run)
+            pending = list(run.pending_events)
             try:
                 self.app.save_run(run)
+                metrics.recorded(run.name, pending)
                 return run
             except ConcurrentWriteError:
                 continue
@@ -419,8 +428,10 @@ class Saga:
             run = self.get(run_id)
             _refuse_redacted(run)
             record(run)
+            pending = list(run.pending_events)
             try:
                 self.app.save_run(run)
+                metrics.recorded(run.name, pending)
                 break
             except ConcurrentWriteError:
                 continue

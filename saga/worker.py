@@ -22,6 +22,7 @@ from saga.errors import ConcurrentWriteError, LeaseLostError, SagaError
 from saga.executor import Executor
 from saga.store.application import SagaApplication
 from saga.store.leases import Leases, default_worker_id
+from saga.telemetry import metrics
 
 log = logging.getLogger("saga.worker")
 
@@ -202,7 +203,9 @@ class Worker:
                 if task.done():
                     active.pop(run_id)
             claimed = 0
-            for run_id in self.index.runnable():
+            runnable = self.index.runnable()
+            metrics.queue_depth(len(runnable))
+            for run_id in runnable:
                 if len(active) >= self.concurrency or any(self._suspect(r) for r in active):
                     break
                 if self._suspect(run_id) and active:

@@ -146,3 +146,14 @@ def check_json(value: Any) -> None:
 def ms(started: float) -> int:
     return round((time.monotonic() - started) * 1000)
 
+
+
+def tool_label(step: Step) -> str:
+    """What a step calls, as metrics and spans name it: its tool, else ``compute``,
+    ``use``, ``sleep`` or ``signal``."""
+    if step.tool is not None:
+        return step.tool
+    for kind in ("compute", "use", "sleep", "signal"):
+        if getattr(step, kind) is not None:
+            return kind
+    return "unknown"

@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import inspect
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
@@ -22,6 +23,7 @@ from saga.errors import LeaseLostError, SagaError, ToolError
 from saga.executor import calls, nesting
 from saga.executor.calls import Outcome
 from saga.scheduler import CompensateStep, Recorded, RequestApproval, RunRemedy, StartStep
+from saga.telemetry import metrics, scope, tracing
 from saga.tools import ToolContext
 
 if TYPE_CHECKING:
@@ -61,6 +63,22 @@ class Drive:
         self.wakes: set[str] = set()
 
     async def go(self) -> Run:
+        """Drive the run inside its ``saga.run`` span, with the run as the log scope."""
+        run = self.run
+        span = tracing.start_run(run.run_id, run.name, run.context, run.id.hex, self.x.worker)
+        with scope.scoped(run_id=run.run_id, step_id=None, iteration=None, attempt=None,
+                          span=span):
+            try:
+                await self._go()
+            except BaseException as e:
+                span.end("lease_lost" if isinstance(e, LeaseLostError) else "interrupted",
+                         type(e).__name__, str(e))
+                raise
+        span.end(run.status, (run.error or {}).get("type") if run.is_finished else None,
+                 (run.error or {}).get("message", ""))
+        return run
+
+    async def _go(self) -> Run:
         # Whoever drives a run now is its only driver (it holds the lease), so any attempt
         # still marked running was started by a worker that died.
         if scheduler.interrupted(self.plan, self.run):
@@ -284,6 +302,7 @@ class Drive:
         if not pending:
             return
         self.x.app.save_run(self.run)
+        metrics.recorded(self.run.name, pending, self._tool)
         if self.x.on_events is not None:
             self.x.on_events(self.run, pending)
 
@@ -299,15 +318,50 @@ class Drive:
             coro = self._timer(action, delay)
             ident = (kind, action.step_id, action.iteration, action.attempt)
         elif kind == "step":
-            coro = self._call_step(payload)
+            coro = self._observed("saga.step", payload, payload.attempt,
+                                  self._call_step(payload))
             ident = (kind, payload.step_id, payload.iteration, payload.attempt)
         elif kind == "remedy":
             coro = self._call_remedy(payload)
             ident = (kind, payload.step_id, payload.iteration, payload.index)
         else:
-            coro = self._call_compensation(payload)
+            coro = self._observed("saga.compensate", payload, 1,
+                                  self._call_compensation(payload))
             ident = (kind, payload.step_id, payload.iteration, 1)
         self.tasks[asyncio.ensure_future(coro)] = ident
+
+    async def _observed(self, name: str, action: StartStep | CompensateStep, attempt: int,
+                        call: Coroutine[Any, Any, Outcome]) -> Outcome:
+        """Make a call of a step or compensation inside its span, with the step as the
+        log scope; count how long a step's attempt took."""
+        step = self.plan.step(action.step_id)
+        tool = getattr(action, "tool", None) or calls.tool_label(step)
+        span = scope.current().span.child(name, {
+            "saga.run_id": self.run.run_id, "saga.definition": self.run.name,
+            "saga.step_id": action.step_id, "saga.iteration": action.iteration,
+            "saga.attempt": attempt, "saga.tool": tool})
+        with scope.scoped(step_id=action.step_id, iteration=action.iteration,
+                          attempt=attempt, span=span):
+            try:
+                outcome = await call
+            except BaseException as e:  # cancelled (a timeout, the drive ending), or a bug
+                span.end("cancelled" if isinstance(e, asyncio.CancelledError) else "failed",
+                         type(e).__name__, str(e))
+                raise
+        done = ("completed" if name == "saga.step" else "compensated") if outcome.ok \
+            else "failed"
+        span.end(done, outcome.error_type or None, outcome.message,
+                 retryable=None if outcome.ok else outcome.retryable,
+                 cache_hit=True if outcome.cache else None)
+        if name == "saga.step" and not outcome.cache:
+            metrics.step_duration(tool, done, outcome.duration_ms / 1000)
+        return outcome
+
+    def _tool(self, step_id: str) -> str:
+        try:
+            return calls.tool_label(self.plan.step(step_id))
+        except Exception:  # a step the plan does not know: count it, unnamed
+            return "unknown"
 
     async def _wake(self, key: str, delay: float) -> Outcome:
         await self.x.sleep(delay)
@@ -437,6 +491,7 @@ class Drive:
             idempotency_key=idempotency_key(run_id, action.step_id, action.iteration) + suffix,
             deadline=time.time() + timeout if timeout else None,
             logger=logging.getLogger(f"saga.tool.{name}"),
+            traceparent=scope.current().span.traceparent,
         )
         params = parameters if isinstance(parameters, dict) else {"value": parameters}
         recorded = own_output[0] if own_output is not None else None
@@ -468,7 +523,8 @@ class Drive:
         return secrets.conceal(result, values)
 
     async def _in_thread(self, func: Callable[..., Any], *args: Any) -> Any:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.x._pool, func, *args)
+        loop = asyncio.get_running_loop()  # the thread sees this task's scope (logs, span)
+        call = functools.partial(contextvars.copy_context().run, func, *args)
+        return await loop.run_in_executor(self.x._pool, call)
 
 
