@@ -45,6 +45,9 @@ class LeaseLike(Protocol):
         ...
 
 EventHook = Callable[[Run, list[Any]], None]
+#: A drive's span outcome when the drive itself stops short, by exception.
+_CUT_SHORT = {"LeaseLostError": "lease_lost", "ConcurrentWriteError": "conflict",
+              "CancelledError": "interrupted", "KeyboardInterrupt": "interrupted"}
 
 
 class Drive:
@@ -71,8 +74,7 @@ class Drive:
             try:
                 await self._go()
             except BaseException as e:
-                span.end("lease_lost" if isinstance(e, LeaseLostError) else "interrupted",
-                         type(e).__name__, str(e))
+                span.end(_CUT_SHORT.get(type(e).__name__, "error"), type(e).__name__, str(e))
                 raise
         span.end(run.status, (run.error or {}).get("type") if run.is_finished else None,
                  (run.error or {}).get("message", ""))
