@@ -336,8 +336,7 @@ class Drive:
                         call: Coroutine[Any, Any, Outcome]) -> Outcome:
         """Make a call of a step or compensation inside its span, with the step as the
         log scope; count how long a step's attempt took."""
-        step = self.plan.step(action.step_id)
-        tool = getattr(action, "tool", None) or calls.tool_label(step)
+        tool = getattr(action, "tool", None) or self._tool(action.step_id)
         span = scope.current().span.child(name, {
             "saga.run_id": self.run.run_id, "saga.definition": self.run.name,
             "saga.step_id": action.step_id, "saga.iteration": action.iteration,
