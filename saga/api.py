@@ -49,6 +49,7 @@ from saga.store import (
     open_app,
     wait_for_lease,
 )
+from saga.telemetry import metrics, tracing
 from saga.tools import Registry, load_registry
 from saga.views import row_summary, run_summary
 from saga.worker import WORKER_HOLD, Worker
@@ -191,7 +192,9 @@ class Saga:
               context: Mapping[str, Any] | None = None, queue: str | None = None,
               priority: int | None = None) -> Run:
         """Check inputs and create a run (not yet saved); see :meth:`run` and :meth:`submit`.
-        ``context`` adds to what the run records as its context (``scheduled_at``...).
+        ``context`` adds to what the run records as its context (``scheduled_at``...);
+        the run's trace is recorded there too (``trace_id``, and ``traceparent`` when
+        ``context`` gives a valid one: the span the run starts under).
 
         ``queue`` (else the composition's, else ``default``) and ``priority`` (higher is
         claimed first; 0) are recorded in its options: workers claim it by them.
@@ -213,7 +216,9 @@ class Saga:
             options["timeout"] = seconds
         options.update(queue_options(queue or options.get("queue") or plan.definition.queue,
                                      options.get("priority") if priority is None else priority))
-        recorded_context: dict[str, Any] = {**dict(context or {}),
+        given = dict(context or {})
+        trace = tracing.trace_context(given.pop("traceparent", None))
+        recorded_context: dict[str, Any] = {**given, **trace,
                                             "actor": actor or self.settings.actor,
                                             "labels": check_labels(labels or {}),
                                             "mode": (options or {}).get("mode", "normal")}
@@ -248,6 +253,7 @@ class Saga:
                   kwargs: dict[str, Any]) -> Run:
         """Save a run just started; when another process saved the same chosen id first,
         the run it saved (or a conflict)."""
+        pending = list(run.pending_events)
         try:
             self.app.save_run(run)
         except ConcurrentWriteError:
@@ -257,6 +263,7 @@ class Saga:
             if again.pending_events:
                 raise
             return again
+        metrics.recorded(run.name, pending)
         return run
 
     def dry_run(self, plan: Plan | str | Path,
@@ -423,8 +430,10 @@ class Saga:
             run = self.get(run_id)
             _refuse_redacted(run)
             record(run)
+            pending = list(run.pending_events)
             try:
                 self.app.save_run(run)
+                metrics.recorded(run.name, pending)
                 return run
             except ConcurrentWriteError:
                 continue
@@ -436,8 +445,10 @@ class Saga:
             run = self.get(run_id)
             _refuse_redacted(run)
             record(run)
+            pending = list(run.pending_events)
             try:
                 self.app.save_run(run)
+                metrics.recorded(run.name, pending)
                 break
             except ConcurrentWriteError:
                 continue

@@ -39,6 +39,7 @@ from saga.errors import ConcurrentWriteError, LeaseLostError, SagaError
 from saga.executor import Executor
 from saga.store.application import SagaApplication
 from saga.store.leases import Claim, Leases, default_worker_id
+from saga.telemetry import metrics
 
 log = logging.getLogger("saga.worker")
 
@@ -253,7 +254,9 @@ class Worker:
                     active.pop(run_id)
             claimed = 0
             held: dict[str, Claim] = {}  # queues at a limit, this look: full or rate
-            for run_id in self.index.runnable():
+            runnable = self.index.runnable()
+            metrics.queue_depth(len(runnable))
+            for run_id in runnable:
                 if len(active) >= self.concurrency or any(self._suspect(r) for r in active):
                     break
                 if self._suspect(run_id) and active:

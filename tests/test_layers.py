@@ -25,7 +25,7 @@ STAGES: list[set[str]] = [
     {"saga.executor", "saga.replay"},
     {"saga.scheduler", "saga.audit", "saga.projection", "saga.views"},
     {"saga.tools", "saga.composition", "saga.store", "saga.diagram"},
-    {"saga.secrets", "saga.config", "saga.expressions", "saga.domain"},
+    {"saga.secrets", "saga.config", "saga.expressions", "saga.domain", "saga.telemetry"},
     {"saga.errors", "saga.chain"},
 ]
 #: Third-party modules a function may import when it first needs them: drivers and

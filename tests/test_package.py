@@ -25,7 +25,8 @@ def test_the_public_api_is_pinned() -> None:
 
 def test_importing_saga_loads_no_driver_or_network_client() -> None:
     code = ("import sys, saga, saga.cli; "
-            "print(sorted(m for m in ('psycopg', 'httpx', 'mcp') if m in sys.modules))")
+            "print(sorted(m for m in ('psycopg', 'httpx', 'mcp', 'opentelemetry', "
+            "'prometheus_client') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"

@@ -190,3 +190,25 @@ def test_queues_and_priorities_as_the_readme_shows(workdir: Path) -> None:
         first[run_id] = min(datetime.fromisoformat(e["timestamp"]) for e in history
                             if e["type"] == "StepStarted")
     assert sorted(first, key=first.__getitem__) == ["R-2", "R-1", "R-3"]
+
+
+def test_the_observability_examples(workdir: Path) -> None:
+    """Console spans on stderr beside the command's JSON; JSON log lines; an OTLP endpoint
+    alone turns tracing on, and a worker with nothing to do exits as usual."""
+    for line in ("OTEL_TRACES_EXPORTER=console saga run quickstart --json 2> spans.jsonl",
+                 "saga --log-format json run quickstart 2> log.jsonl",
+                 "saga worker --metrics-port 9464 &"):
+        assert line in README, line
+    traced = sh(["run", "quickstart", "--json"], workdir, OTEL_TRACES_EXPORTER="console")
+    assert traced.returncode == 0, traced.stderr
+    run_id = json.loads(traced.stdout)["run_id"]
+    spans = [json.loads(line) for line in traced.stderr.splitlines()]
+    assert {s["name"] for s in spans} == {"saga.run", "saga.step"}
+    assert all(s["attributes"]["saga.run_id"] == run_id for s in spans)
+    logged = sh(["--log-format", "json", "run", "quickstart"], workdir)
+    assert logged.returncode == 0, logged.stderr
+    lines = [json.loads(line) for line in logged.stderr.splitlines()]
+    assert lines and all({"time", "level", "logger", "message"} <= set(x) for x in lines)
+    idle = sh(["worker", "--until-idle"], workdir,
+              OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:4318", OTEL_SERVICE_NAME="orders")
+    assert idle.returncode == 0, idle.stderr

@@ -13,9 +13,11 @@ from saga.cli.app import (
     _saga,
     json_option,
     main,
+    note,
     tools_option,
 )
 from saga.cli.runs import _parse_inputs
+from saga.telemetry import metrics
 
 
 @main.command()
@@ -27,26 +29,35 @@ from saga.cli.runs import _parse_inputs
               help="Lease length in seconds (default SAGA_LEASE_SECONDS or 30).")
 @click.option("--poll", type=click.FloatRange(0.05, 60), default=0.5, show_default=True,
               help="Seconds between looks for new work.")
+@click.option("--metrics-port", type=click.IntRange(0, 65535),
+              help="Serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port, "
+                   "printed); needs the metrics extra.")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True,
+              help="The address the metrics listen on.")
 @tools_option
 def worker(concurrency: int, until_idle: bool, worker_id: str | None,
-           lease_seconds: float | None, poll: float, tools: tuple[str, ...]) -> None:
+           lease_seconds: float | None, poll: float, metrics_port: int | None,
+           metrics_host: str, tools: tuple[str, ...]) -> None:
     """Claim runnable runs and drive them (new, interrupted, approved, redriven).
 
     Highest priority first, then oldest, within saga.toml's [queues.NAME] limits."""
-
-
     saga = _saga(tools)
+    if metrics_port is not None:
+        exported = metrics.enable()
+        exported.watch_lag(saga.lag)
+        server = exported.serve(metrics_port, metrics_host)
+        note(f"metrics on http://{metrics_host}:{server.server_port}/metrics")
     saga.sync_schedules()
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     w = saga.worker_loop(worker_id=worker_id, concurrency=concurrency, poll_interval=poll,
                          lease_seconds=lease_seconds or saga.settings.lease_seconds)
-    click.echo(f"worker {w.worker_id} on {saga.settings.store_description}", err=True)
+    note(f"worker {w.worker_id} on {saga.settings.store_description}")
     try:
         driven = w.run(until_idle=until_idle, stop=lambda: bool(stopping))
     except KeyboardInterrupt:
         driven = w.driven
-    click.echo(f"worker {w.worker_id} stopped after {driven} drives", err=True)
+    note(f"worker {w.worker_id} stopped after {driven} drives")
 
 
 @main.group()

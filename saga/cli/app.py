@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import re
 import sys
 from typing import TYPE_CHECKING, Any
@@ -19,6 +20,7 @@ import click
 
 from saga.config import load_settings
 from saga.errors import SagaError
+from saga.telemetry import logs
 
 if TYPE_CHECKING:
     from saga.api import Saga
@@ -158,8 +160,27 @@ def _mode(value: str) -> str:
     return value
 
 
+def note(message: str) -> None:
+    """A line for the operator on stderr; a log record (``saga.cli``, info) when log
+    lines are JSON, so that stderr stays one JSON object per line."""
+    if logs.is_json():
+        logging.getLogger("saga.cli").info(message)
+    else:
+        click.echo(message, err=True)
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
+@click.option("--log-format", type=click.Choice(logs.FORMATS, case_sensitive=False),
+              envvar="SAGA_LOG_FORMAT",
+              help="Log lines on stderr as text, or one JSON object per line with the run "
+                   "and step they are about (SAGA_LOG_FORMAT).")
+@click.option("--log-level", type=click.Choice(logs.LEVELS, case_sensitive=False),
+              envvar="SAGA_LOG_LEVEL",
+              help="The least severe log lines shown (SAGA_LOG_LEVEL; default info with "
+                   "--log-format json, else warning).")
 @click.version_option(package_name="saga")
-def main(debug: bool) -> None:
+def main(debug: bool, log_format: str | None, log_level: str | None) -> None:
     """saga: durable sagas on an event-sourced log."""
+    if log_format or log_level:
+        logs.configure((log_format or "text").lower(), log_level)

@@ -12,6 +12,7 @@ import click
 
 from saga.cli.app import (
     _emit_json,
+    note,
 )
 from saga.domain import Run, iso
 from saga.views import run_summary
@@ -147,7 +148,10 @@ class _Progress:
             return
         if self.run_id is None:
             self.run_id = run.run_id
-            click.echo(f"run {run.run_id} ({run.name})", err=not self.live)
+            if self.live:
+                click.echo(f"run {run.run_id} ({run.name})")
+            else:
+                note(f"run {run.run_id} ({run.name})")
         if self._live is None:
             for e in events:  # one line per event, for logs that are not a terminal
                 click.echo(f"{iso(e.timestamp)} {run.run_id} {type(e).__name__} "

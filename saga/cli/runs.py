@@ -19,6 +19,7 @@ from saga.cli.app import (
     json_option,
     main,
     mode_option,
+    note,
     tools_option,
 )
 from saga.cli.render import (
@@ -356,7 +357,7 @@ def list_runs(status_filter: str | None, definition: str | None, actor: str | No
                           labels=_labels(label_pairs))
     lag = saga.lag()
     if lag:
-        click.echo(f"note: the read model is {lag} events behind the log", err=True)
+        note(f"note: the read model is {lag} events behind the log")
     if as_json:
         _emit_json(runs)
         return

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import click
 
-from saga.cli.app import _saga, main, tools_option
+from saga.cli.app import _saga, main, note, tools_option
 from saga.cli.render import _event_detail
 from saga.config import load_settings
 from saga.errors import ConfigError
+from saga.telemetry import logs
 from saga.views import LogReader, run_events_after
 
 
@@ -44,9 +46,11 @@ def serve(host: str, port: int, no_worker: bool, concurrency: int,
     settings = load_settings()
     check_bind(host, Tokens.from_env())
     app = create_app(settings, tools=tools, worker=not no_worker, concurrency=concurrency)
-    click.echo(f"saga serving http://{host}:{port}/ on {settings.store_description}"
-               f"{'' if no_worker else f' with a worker ({concurrency} at once)'}", err=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    note(f"saga serving http://{host}:{port}/ on {settings.store_description}"
+         f"{'' if no_worker else f' with a worker ({concurrency} at once)'}")
+    # With --log-format, uvicorn's lines go through saga's handler too (JSON or text).
+    extra: dict[str, Any] = {"log_config": None} if logs.configured() else {}
+    uvicorn.run(app, host=host, port=port, log_level="warning", **extra)
 
 
 @main.command()

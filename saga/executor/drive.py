@@ -4,27 +4,26 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import inspect
-import json
 import logging
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
-import tenacity
-
 from saga import expressions, scheduler, secrets
-from saga.chain import json_safe
 from saga.composition import Plan
-from saga.composition.definition import RetryPolicy, Step
+from saga.composition.definition import Step
 from saga.domain import Run, idempotency_key, step_key
-from saga.errors import ExpressionError, LeaseLostError, ToolError
-from saga.executor import nesting, outputs
+from saga.errors import LeaseLostError, ToolError
+from saga.executor import calls, nesting, outputs
+from saga.executor.calls import Outcome
 from saga.scheduler import CompensateStep, Recorded, RequestApproval, RunRemedy, StartStep
+from saga.telemetry import metrics, scope, tracing
 from saga.tools import ToolContext
 
 if TYPE_CHECKING:
@@ -46,50 +45,9 @@ class LeaseLike(Protocol):
         ...
 
 EventHook = Callable[[Run, list[Any]], None]
-_DEFAULT_RETRY = RetryPolicy()
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What happened when the executor performed one call."""
-
-    kind: str  # "step", "compensation" or "timer"
-    step_id: str
-    iteration: int
-    attempt: int
-    ok: bool = True
-    output: Any = None
-    error_type: str = ""
-    message: str = ""
-    retryable: bool = True
-    duration_ms: int = 0
-    cache: dict[str, Any] | None = None
-
-    def __post_init__(self) -> None:
-        # Whatever a tool answered must be recordable (promise 1 hangs on it).
-        object.__setattr__(self, "output", json_safe(self.output))
-        object.__setattr__(self, "message", json_safe(self.message))
-
-
-def wait_strategy(policy: RetryPolicy) -> tenacity.wait.wait_base:
-    """A retry policy as tenacity's wait strategy: the one place specs become tenacity."""
-    if policy.backoff == "fixed":
-        base: tenacity.wait.wait_base = tenacity.wait_fixed(policy.delay)
-    elif policy.backoff == "linear":
-        base = tenacity.wait_incrementing(start=policy.delay, increment=policy.delay,
-                                          max=policy.max_delay)
-    else:
-        base = tenacity.wait_exponential(multiplier=policy.delay, exp_base=policy.multiplier,
-                                         max=policy.max_delay)
-    return base + tenacity.wait_random(0, policy.jitter) if policy.jitter else base
-
-
-def retry_delay(policy: RetryPolicy, attempt: int) -> float:
-    """Seconds to wait after failed attempt number ``attempt`` (jitter included)."""
-    state = tenacity.RetryCallState(retry_object=tenacity.Retrying(), fn=None, args=(),
-                                    kwargs={})
-    state.attempt_number = attempt
-    return float(wait_strategy(policy)(state))
+#: A drive's span outcome when the drive itself stops short, by exception.
+_CUT_SHORT = {"LeaseLostError": "lease_lost", "ConcurrentWriteError": "conflict",
+              "CancelledError": "interrupted", "KeyboardInterrupt": "interrupted"}
 
 
 class Drive:
@@ -108,6 +66,21 @@ class Drive:
         self.wakes: set[str] = set()
 
     async def go(self) -> Run:
+        """Drive the run inside its ``saga.run`` span, with the run as the log scope."""
+        run = self.run
+        span = tracing.start_run(run.run_id, run.name, run.context, run.id.hex, self.x.worker)
+        with scope.scoped(run_id=run.run_id, step_id=None, iteration=None, attempt=None,
+                          span=span):
+            try:
+                await self._go()
+            except BaseException as e:
+                span.end(_CUT_SHORT.get(type(e).__name__, "error"), type(e).__name__, str(e))
+                raise
+        span.end(run.status, (run.error or {}).get("type") if run.is_finished else None,
+                 (run.error or {}).get("message", ""))
+        return run
+
+    async def _go(self) -> Run:
         # Whoever drives a run now is its only driver (it holds the lease), so any attempt
         # still marked running was started by a worker that died.
         if scheduler.interrupted(self.plan, self.run):
@@ -136,7 +109,7 @@ class Drive:
             if keeper is not None and keeper in done:
                 keeper.result()  # raises LeaseLostError
             for task in done:
-                self._record(_outcome_of(task, *self.tasks.pop(task)))  # type: ignore[arg-type,call-overload]
+                self._record(calls.outcome_of(task, *self.tasks.pop(task)))  # type: ignore[arg-type,call-overload]
 
     async def _keep_lease(self) -> None:
         """Renew the run's lease until the drive ends; raise when another worker took it."""
@@ -256,7 +229,7 @@ class Drive:
 
     def _end_wait(self, state: dict[str, Any], wait: dict[str, Any]) -> None:
         step_id, iteration, attempt = state["step_id"], state["iteration"], state["attempt"]
-        waited = _ms_between_iso(state.get("attempt_started_at"), self.x.clock())
+        waited = calls.ms_between_iso(state.get("attempt_started_at"), self.x.clock())
         if wait["signal"] is None:
             self.run.complete_step(step_id, iteration, attempt,
                                    {"slept_until": wait["until"]}, waited)
@@ -318,7 +291,8 @@ class Drive:
             next_at = self.x.clock().isoformat()
         elif retry:
             step = self.plan.step(outcome.step_id)
-            delay = retry_delay(step.retry or _default_policy(self.plan), outcome.attempt)
+            policy = step.retry or calls.default_policy(self.plan)
+            delay = calls.retry_delay(policy, outcome.attempt)
             next_at = (self.x.clock() + timedelta(seconds=delay)).isoformat()
         self.run.fail_step(outcome.step_id, outcome.iteration, outcome.attempt,
                            outcome.error_type, outcome.message, retry, next_at)
@@ -330,6 +304,7 @@ class Drive:
         if not pending:
             return
         self.x.app.save_run(self.run)
+        metrics.recorded(self.run.name, pending, self._tool)
         if self.x.on_events is not None:
             self.x.on_events(self.run, pending)
 
@@ -345,15 +320,49 @@ class Drive:
             coro = self._timer(action, delay)
             ident = (kind, action.step_id, action.iteration, action.attempt)
         elif kind == "step":
-            coro = self._call_step(payload)
+            coro = self._observed("saga.step", payload, payload.attempt,
+                                  self._call_step(payload))
             ident = (kind, payload.step_id, payload.iteration, payload.attempt)
         elif kind == "remedy":
             coro = self._call_remedy(payload)
             ident = (kind, payload.step_id, payload.iteration, payload.index)
         else:
-            coro = self._call_compensation(payload)
+            coro = self._observed("saga.compensate", payload, 1,
+                                  self._call_compensation(payload))
             ident = (kind, payload.step_id, payload.iteration, 1)
         self.tasks[asyncio.ensure_future(coro)] = ident
+
+    async def _observed(self, name: str, action: StartStep | CompensateStep, attempt: int,
+                        call: Coroutine[Any, Any, Outcome]) -> Outcome:
+        """Make a call of a step or compensation inside its span, with the step as the
+        log scope; count how long a step's attempt took."""
+        tool = getattr(action, "tool", None) or self._tool(action.step_id)
+        span = scope.current().span.child(name, {
+            "saga.run_id": self.run.run_id, "saga.definition": self.run.name,
+            "saga.step_id": action.step_id, "saga.iteration": action.iteration,
+            "saga.attempt": attempt, "saga.tool": tool})
+        with scope.scoped(step_id=action.step_id, iteration=action.iteration,
+                          attempt=attempt, span=span):
+            try:
+                outcome = await call
+            except BaseException as e:  # cancelled (a timeout, the drive ending), or a bug
+                span.end("cancelled" if isinstance(e, asyncio.CancelledError) else "failed",
+                         type(e).__name__, str(e))
+                raise
+        done = ("completed" if name == "saga.step" else "compensated") if outcome.ok \
+            else "failed"
+        span.end(done, outcome.error_type or None, outcome.message,
+                 retryable=None if outcome.ok else outcome.retryable,
+                 cache_hit=True if outcome.cache else None)
+        if name == "saga.step" and not outcome.cache:
+            metrics.step_duration(tool, done, outcome.duration_ms / 1000)
+        return outcome
+
+    def _tool(self, step_id: str) -> str:
+        try:
+            return calls.tool_label(self.plan.step(step_id))
+        except Exception:  # a step the plan does not know: count it, unnamed
+            return "unknown"
 
     async def _wake(self, key: str, delay: float) -> Outcome:
         await self.x.sleep(delay)
@@ -382,15 +391,15 @@ class Drive:
                                    output=hit.pop("output"), cache=hit)
                 output = await self._call_tool(step.tool, action.parameters, action,
                                                step.timeout_seconds)
-            _check_json(output)
-            _check_expectation(step, output)
+            calls.check_json(output)
+            calls.check_expectation(step, output)
             output = await outputs.keep(self, step, action, output)
             outputs.remember(self, step, action, output)
         except Exception as e:
-            return _failure("step", action.step_id, action.iteration, action.attempt, e,
+            return calls.failure("step", action.step_id, action.iteration, action.attempt, e,
                             step.timeout_seconds, started)
         return Outcome("step", action.step_id, action.iteration, action.attempt, output=output,
-                       duration_ms=_ms(started))
+                       duration_ms=calls.ms(started))
 
     async def _call_remedy(self, action: RunRemedy) -> Outcome:
         """Call one auto-heal remedy; its ``attempt`` field carries the remedy's index."""
@@ -399,13 +408,13 @@ class Drive:
         try:
             output = await self._call_tool(action.tool, action.parameters, call, None,
                                            suffix=f":heal{action.index}")
-            _check_json(output)
+            calls.check_json(output)
             output = outputs.drop(output)
         except Exception as e:
-            return _failure("remedy", action.step_id, action.iteration, action.index, e, None,
+            return calls.failure("remedy", action.step_id, action.iteration, action.index, e, None,
                             started)
         return Outcome("remedy", action.step_id, action.iteration, action.index, output=output,
-                       duration_ms=_ms(started))
+                       duration_ms=calls.ms(started))
 
     async def _call_compensation(self, action: CompensateStep) -> Outcome:
         step: Step = self.plan.step(action.step_id)
@@ -426,13 +435,13 @@ class Drive:
             else:
                 output = await self._call_tool(action.tool, action.parameters, call, timeout,
                                                suffix=":compensate")
-            _check_json(output)
+            calls.check_json(output)
             output = outputs.drop(output, step.secret_outputs)
         except Exception as e:
-            return _failure("compensation", action.step_id, action.iteration, 1, e, timeout,
+            return calls.failure("compensation", action.step_id, action.iteration, 1, e, timeout,
                             started)
         return Outcome("compensation", action.step_id, action.iteration, 1, output=output,
-                       duration_ms=_ms(started))
+                       duration_ms=calls.ms(started))
 
     async def _call_tool(self, name: str, parameters: Any, action: StartStep,
                          timeout: float | None, suffix: str = "",
@@ -443,7 +452,7 @@ class Drive:
         if own_output is not None:
             if tool.compensate is None:
                 raise ToolError(f"tool {name!r} has no compensation", retryable=False)
-            func = _bind_output(tool.compensate, own_output[0])
+            func = calls.bind_output(tool.compensate, own_output[0])
         run_id = self.run.run_id
         ctx = ToolContext(
             run_id=run_id, step_id=action.step_id, iteration=action.iteration,
@@ -451,6 +460,7 @@ class Drive:
             idempotency_key=idempotency_key(run_id, action.step_id, action.iteration) + suffix,
             deadline=time.time() + timeout if timeout else None,
             logger=logging.getLogger(f"saga.tool.{name}"),
+            traceparent=scope.current().span.traceparent,
         )
         params = parameters if isinstance(parameters, dict) else {"value": parameters}
         recorded = own_output[0] if own_output is not None else None
@@ -459,7 +469,7 @@ class Drive:
         params = secrets.reveal(params, values)
         if own_output is not None:
             assert tool.compensate is not None
-            func = _bind_output(tool.compensate, secrets.reveal(recorded, values))
+            func = calls.bind_output(tool.compensate, secrets.reveal(recorded, values))
         else:
             problems = tool.check_parameters(params)
             if problems:  # rendered values can break a schema that templates passed
@@ -473,7 +483,7 @@ class Drive:
         except (ToolError, TimeoutError):
             if not values:
                 raise
-            raise _concealed(sys.exc_info()[1], values) from None
+            raise calls.concealed(sys.exc_info()[1], values) from None
         except Exception as e:
             if not values:
                 raise
@@ -484,84 +494,8 @@ class Drive:
         return secrets.conceal(result, values)
 
     async def _in_thread(self, func: Callable[..., Any], *args: Any) -> Any:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.x._pool, func, *args)
+        loop = asyncio.get_running_loop()  # the thread sees this task's scope (logs, span)
+        call = functools.partial(contextvars.copy_context().run, func, *args)
+        return await loop.run_in_executor(self.x._pool, call)
 
-
-def _concealed(error: BaseException | None, values: dict[str, str]) -> BaseException:
-    """The same failure, with any secret value in its message replaced by its marker."""
-    if isinstance(error, ToolError):
-        return ToolError(secrets.conceal(error.message, values), error_type=error.error_type,
-                         retryable=error.retryable)
-    return error or ToolError("failed")
-
-
-def _bind_output(compensate: Callable[..., Any], output: Any) -> Callable[..., Any]:
-    """A tool's own compensation ``(params, output, ctx)`` as a ``(params, ctx)`` call."""
-    if inspect.iscoroutinefunction(compensate):
-        async def call_async(params: Any, ctx: ToolContext) -> Any:
-            return await compensate(params, output, ctx)
-        return call_async
-
-    def call(params: Any, ctx: ToolContext) -> Any:
-        return compensate(params, output, ctx)
-    return call
-
-
-def _default_policy(plan: Plan) -> RetryPolicy:
-    if plan.definition.error_handling.failure_strategy == "retry":
-        return RetryPolicy(delay=0.5, multiplier=2.0)
-    return _DEFAULT_RETRY
-
-
-def _failure(kind: str, step_id: str, iteration: int, attempt: int, e: Exception,
-             timeout: float | None, started: float) -> Outcome:
-    if isinstance(e, TimeoutError):
-        error_type, message, retryable = "timeout", f"timed out after {timeout:g}s", True
-    elif isinstance(e, ToolError):
-        error_type, message, retryable = e.error_type, e.message, e.retryable
-    elif isinstance(e, ExpressionError):  # ExpressionLimit says so by its type
-        error_type, message, retryable = type(e).__name__, str(e), False
-    else:
-        error_type, message, retryable = type(e).__name__, str(e) or type(e).__name__, True
-    return Outcome(kind, step_id, iteration, attempt, ok=False, error_type=error_type,
-                   message=message, retryable=retryable, duration_ms=_ms(started))
-
-
-def _check_expectation(step: Step, output: Any) -> None:
-    """A step with ``expect`` fails when its condition, over ``output``, is false (a gate
-    that answers ``passed: false``)."""
-    if step.expect is not None and not expressions.evaluate(step.expect, {"output": output}):
-        shown = "" if step.secret_outputs else f" (output {output!r:.200})"  # kept out
-        raise ToolError(f"expectation not met: {step.expect}{shown}",
-                        error_type="ExpectationFailed", retryable=False)
-
-
-def _outcome_of(task: asyncio.Task[Outcome], kind: str, step_id: str, iteration: int,
-                number: int) -> Outcome:
-    """A finished call's outcome; an error no call path caught becomes a recorded failure
-    of that attempt, never an exception that leaves the attempt running forever."""
-    try:
-        return task.result()
-    except Exception as e:
-        return Outcome(kind, step_id, iteration, number, ok=False, error_type=type(e).__name__,
-                       message=f"unexpected error: {e}", retryable=False)
-
-
-def _ms_between_iso(start: str | None, end: datetime) -> int:
-    if start is None:
-        return 0
-    return max(round((end - datetime.fromisoformat(start)).total_seconds() * 1000), 0)
-
-
-def _check_json(value: Any) -> None:
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError) as e:
-        raise ToolError(f"output is not JSON: {e}", error_type="OutputNotJSON",
-                        retryable=False) from e
-
-
-def _ms(started: float) -> int:
-    return round((time.monotonic() - started) * 1000)
 

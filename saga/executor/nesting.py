@@ -3,8 +3,9 @@
 The child's id is derived from the parent's run id, step id and iteration, so a parent
 step re-executed after a crash finds the child it already started and drives it on
 instead of starting a second one. The child records its parent in ``RunStarted``
-(``context.parent``); the parent's step records the child's id in its parameters and
-output. Children are driven only through their parents (workers skip them).
+(``context.parent``, and the parent's trace: ``context.trace_id`` and, with tracing on,
+the step's span as ``context.traceparent``); the parent's step records the child's id in
+its parameters and output. Children are driven only through their parents (workers skip them).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from saga.composition.definition import resolve_inputs
 from saga.domain import Run
 from saga.errors import RunNotFoundError, ToolError
 from saga.scheduler import compensation_order
+from saga.telemetry import scope, tracing
 
 
 async def run_child(executor: Any, parent: Run, step_id: str, iteration: int,
@@ -34,7 +36,10 @@ async def run_child(executor: Any, parent: Run, step_id: str, iteration: int,
             raise ToolError(str(e), error_type="ChildInputError", retryable=False) from e
         context = {"actor": parent.actor, "labels": {}, "mode": parent.context.get("mode"),
                    "parent": {"run_id": parent.run_id, "step_id": step_id,
-                              "iteration": iteration}}
+                              "iteration": iteration},
+                   # the parent's trace: under the step's span when tracing is on
+                   **tracing.trace_context(scope.current().span.traceparent,
+                                           parent.context.get("trace_id") or parent.id.hex)}
         child = app.start(plan, inputs, context, {}, run_id=child_id)
     secrets.share(parent.run_id, child_id)
     if not child.is_finished:

@@ -5,6 +5,7 @@ Access: with ``SAGA_API_TOKEN`` set, every request but ``/api/v1/health`` carrie
 ``Authorization: Bearer <token>`` (a page or an event stream may carry it in the
 ``saga_token`` cookie instead, which the viewer sets; a change never may, so no other
 site can make a browser change a run). ``SAGA_API_READ_TOKEN`` reads but cannot change.
+``/metrics`` (Prometheus) is behind the same rule.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from saga.config import Settings, load_settings
-from saga.errors import SagaError
+from saga.errors import ConfigError, SagaError
 from saga.server import compositions, runs, streams
 from saga.server.service import Service, Tokens, error_response
+from saga.telemetry import metrics
 
 VIEWER = Path(__file__).resolve().parent / "viewer"
 HEALTH = "/api/v1/health"
@@ -140,8 +142,27 @@ def create_app(settings: Settings | None = None, *, tools: tuple[str, ...] = (),
     app.include_router(runs.router)
     app.include_router(compositions.router)
     app.include_router(streams.router)
+    _metrics_route(app, service)
     _viewer_routes(app)
     return app
+
+
+def _metrics_route(app: FastAPI, service: Service) -> None:
+    """``GET /metrics``: Prometheus metrics of this process (its API and its worker),
+    behind the same tokens as the rest (a read token will do)."""
+    try:
+        exported: metrics.Metrics | None = metrics.enable()
+    except ConfigError as e:
+        exported, missing = None, str(e)
+    if exported is not None:
+        exported.watch_lag(service.saga.lag)
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics_page() -> Response:
+        if exported is None:
+            return JSONResponse({"detail": missing}, 503)
+        body, content_type = exported.exposition()
+        return Response(body, media_type=content_type)
 
 
 def _viewer_routes(app: FastAPI) -> None:

@@ -126,7 +126,8 @@ def list_runs(request: Request, status: str | None = None, definition: str | Non
 def submit(request: Request, body: RunRequest) -> JSONResponse:
     """Record a run; a worker drives it. 202 with its id (and, when ``run_id`` names a run
     already started with the same composition and inputs, that run: nothing starts
-    again; other inputs under it are a 409)."""
+    again; other inputs under it are a 409). A ``traceparent`` header makes the run's
+    trace a child of the caller's span."""
     svc = service(request)
     plan = load_plan(svc.saga, body.composition, body.template)
     options: dict[str, Any] = {}
@@ -134,10 +135,13 @@ def submit(request: Request, body: RunRequest) -> JSONResponse:
         options["mode"] = body.mode
     if body.timeout is not None:
         options["timeout"] = body.timeout
+    traceparent = request.headers.get("traceparent")  # the caller's span: the run's parent
     run = svc.saga.submit(plan, body.inputs, actor=svc.actor(request), labels=body.labels,
                           options=options, run_id=body.run_id, queue=body.queue,
-                          priority=body.priority)
+                          priority=body.priority,
+                          context={"traceparent": traceparent} if traceparent else None)
     return JSONResponse({"run_id": run.run_id, "status": run.status, "name": run.name,
+                         "trace_id": run.context.get("trace_id"),
                          "url": f"/api/v1/runs/{run.run_id}"}, 202)
 
 

@@ -51,7 +51,11 @@ class ToolContext:
             re-execution after a crash, so a tool can deduplicate its effect.
         deadline: the wall-clock time (epoch seconds) after which the attempt is cancelled,
             or None.
-        logger: a logger named after the run and step.
+        logger: a logger named after the tool (``saga.tool.NAME``); its lines carry the
+            run, step and attempt (``saga --log-format json``).
+        traceparent: the W3C trace context of this call's span (``00-TRACE-SPAN-01``)
+            when tracing is on, to pass downstream (the ``http`` tool sends it as the
+            ``traceparent`` header); None when it is off.
         usage: what the tool reported with :meth:`report_usage`, recorded with its output
             under ``_usage`` (an object output only) and summed per layer.
     """
@@ -63,6 +67,7 @@ class ToolContext:
     idempotency_key: str
     deadline: float | None = None
     logger: logging.Logger = field(default_factory=lambda: logging.getLogger("saga.tool"))
+    traceparent: str | None = None
     usage: dict[str, float] = field(default_factory=dict)
 
     def report_usage(self, **amounts: float) -> None:

@@ -18,6 +18,9 @@ Parameters:
         explicit compensate block instead (``compensate: {tool: http, args: {url:
         "https://api/items/{{ output.body.id }}", method: DELETE}}``).
 
+With tracing on, the request carries the step's span as a W3C ``traceparent`` header
+(unless the headers set one), so the server's spans join the run's trace.
+
 Output: ``{"status", "headers", "body"}``; the body is parsed JSON when the response says
 it is JSON (``application/json`` or ``+json``), otherwise text.
 
@@ -90,6 +93,8 @@ async def request(spec: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]:
         use_key = method not in ("GET", "HEAD", "OPTIONS")
     if use_key and not any(k.lower() == "idempotency-key" for k in headers):
         headers["Idempotency-Key"] = ctx.idempotency_key
+    if ctx.traceparent and not any(k.lower() == "traceparent" for k in headers):
+        headers["traceparent"] = ctx.traceparent  # the call's span, when tracing is on
     kwargs: dict[str, Any] = {"headers": headers}
     if spec.get("params"):
         kwargs["params"] = {str(k): v for k, v in dict(spec["params"]).items()}

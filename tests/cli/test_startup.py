@@ -13,7 +13,8 @@ from saga.cli import main
 from saga.cli.app import COMMANDS
 
 HEAVY = ("saga.api", "saga.executor", "saga.store", "eventsourcing", "pydantic", "networkx",
-         "jinja2", "rich", "psycopg", "httpx", "mcp", "yaml")
+         "jinja2", "rich", "psycopg", "httpx", "mcp", "yaml", "opentelemetry",
+         "prometheus_client")
 
 
 def loaded_after(args: list[str]) -> list[str]:
