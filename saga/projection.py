@@ -123,6 +123,8 @@ class _Fold:
         """Fold one event (``waiting``: approvals still pending after a decision)."""
         run = self.runs.get(run_id)
         if run is None:
+            if event_name(topic) != "RunStarted":
+                return  # its start could not be read (and was reported): no half a row
             run = self.runs[run_id] = {c: None for c in RUN_COLUMNS} | {
                 "run_id": run_id, "status": "running", "version": 0}
         if e.originator_version <= run["version"]:

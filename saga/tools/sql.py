@@ -216,7 +216,9 @@ def _postgres(url: str, statements: list[tuple[str, Any]], fetch: Fetch,
             for i, (statement, params) in enumerate(statements):
                 if isinstance(params, Mapping) and "%(" not in statement:
                     statement = _pyformat(statement)
-                cur = conn.execute(statement, _bind(params, None))
+                # The extended protocol (prepare=True) makes the server itself refuse a
+                # second statement, whatever quoting hid it from stacked().
+                cur = conn.execute(statement, _bind(params, None), prepare=True)
                 results.append(_result(cur, _fetch(fetch, i), dict))
             return results
     except psycopg.Error as e:

@@ -318,3 +318,33 @@ def test_sigkill_mid_way_then_resume_equals_rebuild(saga: Saga, tmp_path: Path) 
         assert_rows_match(monitor, runs[0])
     finally:
         monitor.close()
+
+
+@pytest.mark.doctored
+def test_an_unreadable_start_costs_one_run_not_the_list_or_the_report(
+        sqlite_settings: Settings, tmp_path: Path) -> None:
+    """One event the read model cannot read is reported and skipped, with the rest of its
+    run: `saga list` (text and JSON) and `saga report` still show every other run."""
+    from click.testing import CliRunner
+
+    from saga.cli import main
+    from saga.report import build_report
+
+    with Saga(sqlite_settings, tools=["tests.standins.standins"]) as s:
+        plan = s.load({"name": "t", "steps": [{"id": "a", "tool": "echo"}]})
+        broken, kept = s.run(plan).run_id, s.run(plan).run_id
+        db = sqlite_settings.home / "saga.db"
+    import sqlite3
+
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE stored_events SET state = ? WHERE originator_id = ? AND "
+                     "originator_version = 1", (b"{not json", broken.replace("-", "")))
+        assert conn.total_changes == 1
+    with Saga(sqlite_settings) as s:
+        assert [r["run_id"] for r in s.list_runs()] == [kept]
+        assert build_report(s).runs[0]["run_id"] == kept
+    env = {"SAGA_HOME": str(sqlite_settings.home)}
+    for args in (["list"], ["list", "--json"], ["report"]):
+        result = CliRunner().invoke(main, args, env=env)
+        assert result.exit_code == 0, (args, result.output)
+        assert kept[:8] in result.output

@@ -241,3 +241,15 @@ def test_engine_deletes_the_inserted_row_when_a_later_step_fails(
         assert run.steps["rename"]["status"] == "compensated"
         assert run.steps["insert"]["status"] == "compensated"
     assert rows(db) == []
+
+
+def test_a_second_statement_hidden_by_quoting_is_refused_by_the_database(db: Db) -> None:
+    """An E'' string hides the ``;`` from the text check; the database itself refuses it
+    (PostgreSQL's extended protocol, SQLite's one-statement execute)."""
+    t = make_tool(db.config)
+    hidden = (f"SELECT E'\\''; DROP TABLE {db.table}; --'" if db.kind == "postgres" else
+              f"SELECT 'a'; DROP TABLE {db.table}")
+    with pytest.raises(ToolError) as refused:
+        call(t, {"connection": "main", "statement": hidden, "dynamic_sql": True})
+    assert refused.value.error_type in ("SQLError", "InvalidParameters", "NotAllowed")
+    assert rows(db) == []  # the table is still there
