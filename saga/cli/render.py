@@ -14,7 +14,7 @@ from saga.cli.app import (
     _emit_json,
     note,
 )
-from saga.domain import Run, iso
+from saga.domain import TERMINAL, Run, iso
 from saga.views import run_summary
 
 _STATUS_STYLE = {"completed": "green", "running": "cyan", "failed": "red", "skipped": "dim",
@@ -83,7 +83,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
     for key, s in summary.get("steps", {}).items():
         detail = (s.get("error") or {}).get("message") or s.get("reason") or ""
         if s.get("approval", {}).get("status") == "requested":
-            detail = f"waiting for approval: {s['approval']['message']}"
+            detail = (f"waiting for approval: {s['approval']['message']}"
+                      if summary["status"] not in TERMINAL else "never approved")
         st = s.get("status", "")
         style = _STATUS_STYLE.get(st, "")
         if s.get("compensation_error"):  # its effect is still there: say so

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from saga.errors import UnknownToolError
+from saga.errors import ConfigError, UnknownToolError
 from saga.tools import schema as _schema
 
 if TYPE_CHECKING:
@@ -105,6 +105,19 @@ class Tool:
     params: ParamSchema | None = field(default=None, hash=False)
     check: Callable[[dict[str, Any]], list[str]] | None = None
     undoes: Callable[[dict[str, Any]], bool] | None = None
+
+    def __post_init__(self) -> None:
+        # A compensation of the wrong shape would fail only at rollback, when the effect
+        # it should undo is already there: refuse it when the tool is made.
+        if self.compensate is not None:
+            try:
+                inspect.signature(self.compensate).bind(None, None, None)
+            except TypeError:
+                raise ConfigError(f"tool {self.name!r}: its compensation "
+                                  f"{getattr(self.compensate, '__name__', '?')} must take "
+                                  "(params, output, ctx)") from None
+            except ValueError:  # a builtin without a signature: trust it
+                pass
 
     def can_undo(self, params: dict[str, Any]) -> bool:
         """Whether the tool's own compensation undoes a call with these parameters."""

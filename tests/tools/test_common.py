@@ -229,3 +229,18 @@ def test_wrong_parameters_are_rejected_at_load_naming_the_path(tmp_path: Path) -
                         inputs=[{"name": "word"}, {"name": "seconds", "type": "number"}]))
     assert plan.order == ("a",)
     s.close()
+
+
+def test_a_compensation_of_the_wrong_shape_is_refused_when_the_tool_is_made() -> None:
+    from saga.errors import ConfigError
+    from saga.tools import Tool
+
+    def undo_two(params: Any, ctx: Any) -> None:
+        return None
+
+    def undo_three(params: Any, output: Any, ctx: Any) -> None:
+        return None
+
+    with pytest.raises(ConfigError, match=r"undo_two must take \(params, output, ctx\)"):
+        Tool("made", lambda params, ctx: None, compensate=undo_two)
+    assert Tool("made", lambda params, ctx: None, compensate=undo_three).compensate is undo_three

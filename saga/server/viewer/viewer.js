@@ -187,8 +187,12 @@ var saga = (function () {
         var s = run.steps[key];
         var detail = s.error ? json(s.error) : json(s.output);
         if (s.compensation_error) detail += "\ncompensation failed: " + json(s.compensation_error);
-        body.appendChild(el("tr", {"data-step": key, "data-status": s.status},
-          el("td", {text: key}), el("td", {}, badge(s.status)),
+        var shown = s.compensation_error ? "compensation failed" : s.status;
+        body.appendChild(el("tr", {"data-step": key, "data-status": s.status,
+                                   "data-compensation": s.compensation_error ? "failed" : null},
+          el("td", {text: key}),
+          el("td", {}, el("span", {"class": "badge s-" + (s.compensation_error ? "failed" : s.status),
+                                   text: shown})),
           el("td", {text: s.attempt || 0}), el("td", {text: duration(s.duration_ms)}),
           el("td", {}, el("pre", {text: detail}))));
       });
