@@ -33,7 +33,7 @@ from saga.expressions.jinja import (
     _whole_template,
     is_template,
 )
-from saga.expressions.limits import DEFAULT_MAX_STEPS, DEFAULT_SECONDS, configure
+from saga.expressions.limits import DEFAULT_MAX_STEPS, DEFAULT_SECONDS, configure, time_limit
 
 __all__ = [
     "DEFAULT_MAX_STEPS",
@@ -49,6 +49,7 @@ __all__ = [
     "references",
     "render",
     "run_compute",
+    "time_limit",
 ]
 
 

@@ -30,6 +30,7 @@ from saga.expressions.limits import (
     _Refusal,
     _str,
     _sum,
+    _TooLarge,
     _walk,
     budget,
     check_time,
@@ -175,6 +176,9 @@ class _Interpreter:
             return handler(node)
         except RecursionError:
             raise
+        except _TooLarge as exc:
+            error = self.error(node, f"expression limit: {exc}")
+            raise ExpressionLimit(str(error), self.source) from None
         except _Refusal as exc:
             raise self.error(node, str(exc)) from None
         except _PY_ERRORS as exc:

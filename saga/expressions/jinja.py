@@ -4,7 +4,7 @@ names, almost no globals, and size-checked ``*``/``**``/``%``."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
@@ -27,6 +27,7 @@ from saga.expressions.limits import (
     _mul,
     _pow,
     _Refusal,
+    _TooLarge,
     _walk,
     budget,
     check_time,
@@ -48,12 +49,33 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         return {"*": _mul, "**": _pow, "%": _mod}[operator](left, right)
 
 
+class _CheckedRange(Sequence[int]):
+    """``range`` for templates, looking at the clock as it is iterated: a loop over it
+    with an empty body calls nothing else the sandbox could check."""
+
+    def __init__(self, *args: int) -> None:
+        self._range: range = safe_range(*args)
+
+    def __len__(self) -> int:
+        return len(self._range)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._range[index]
+
+    def __iter__(self) -> Iterator[int]:
+        deadline = _DEADLINE.get()
+        for count, item in enumerate(self._range):
+            if not count & 1023:
+                check_time(deadline)
+            yield item
+
+
 # optimized=False: Jinja would otherwise fold constant expressions (``10 ** 10 ** 6``) at
 # compile time, past the sandbox's checked operators.
 _ENV = _Sandbox(undefined=StrictUndefined, keep_trailing_newline=True, finalize=_finalize,
                 optimized=False)
 _ENV.globals.clear()  # cycler, joiner, lipsum and namespace are not needed
-_ENV.globals.update(range=safe_range, dict=dict)
+_ENV.globals.update(range=_CheckedRange, dict=dict)
 _ENV.filters.update(
     json=lambda value, indent=None: json.dumps(value, indent=indent, ensure_ascii=False),
     fromjson=json.loads,
@@ -99,6 +121,9 @@ def _template_errors(source: str) -> Iterator[None]:
                               source) from None
     except SecurityError as exc:
         raise ExpressionError(f"refused by the sandbox: {str(exc).rstrip('.')} in template "
+                              f"{source!r}", source) from None
+    except _TooLarge as exc:
+        raise ExpressionLimit(f"expression limit: {str(exc).rstrip('.')} in template "
                               f"{source!r}", source) from None
     except (TemplateError, _Refusal) as exc:
         raise ExpressionError(f"{str(exc).rstrip('.')} in template {source!r}", source) from None

@@ -3,10 +3,11 @@ operations that check a size before they allocate it."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any
 
@@ -48,9 +49,14 @@ class _Refusal(Exception):
     """An operation the sandbox will not perform: too large, or not allowed."""
 
 
+class _TooLarge(_Refusal):
+    """A refusal because a value or an operation would pass a size limit (reported as
+    :class:`ExpressionLimit`, saying what was exceeded)."""
+
+
 def _limit(size: int, limit: int, what: str) -> None:
     if size > limit:
-        raise _Refusal(f"{what} would be too large ({size} > {limit})")
+        raise _TooLarge(f"{what} would be too large ({size} > {limit})")
 
 
 def _walk(value: Any, *, plain: bool = False) -> int:
@@ -76,7 +82,7 @@ def _walk(value: Any, *, plain: bool = False) -> int:
             continue
         count += len(children)
         if count > _MAX_REPEAT:
-            raise _Refusal(f"value has more than {_MAX_REPEAT} nested items")
+            raise _TooLarge(f"value has more than {_MAX_REPEAT} nested items")
         if not set(map(type, children)) <= _SCALARS:  # else nothing below needs a look
             pending += [child for child in children if type(child) not in _SCALARS]
     return count
@@ -103,7 +109,7 @@ def _mul(a: Any, b: Any) -> Any:
 
 def _pow(a: Any, b: Any) -> Any:
     if isinstance(b, int | float) and abs(b) > _MAX_EXPONENT:
-        raise _Refusal(f"exponent {b} is too large (limit {_MAX_EXPONENT})")
+        raise _TooLarge(f"exponent {b} is too large (limit {_MAX_EXPONENT})")
     if isinstance(a, int) and isinstance(b, int) and b > 0:
         _limit(a.bit_length() * b, _MAX_INT_BITS, "power (bits)")
     return a**b
@@ -111,7 +117,7 @@ def _pow(a: Any, b: Any) -> Any:
 
 def _lshift(a: Any, b: Any) -> Any:
     if isinstance(b, int) and b > _MAX_SHIFT:
-        raise _Refusal(f"shift by {b} is too large (limit {_MAX_SHIFT})")
+        raise _TooLarge(f"shift by {b} is too large (limit {_MAX_SHIFT})")
     if isinstance(a, int) and isinstance(b, int):
         _limit(a.bit_length() + b, _MAX_INT_BITS, "shifted integer (bits)")
     return a << b
@@ -131,7 +137,7 @@ def _range(*args: int) -> range:
     except OverflowError:
         size = _MAX_RANGE + 1
     if size > _MAX_RANGE:
-        raise _Refusal(f"range longer than {_MAX_RANGE} items is not allowed")
+        raise _TooLarge(f"range longer than {_MAX_RANGE} items is not allowed")
     return result
 
 
@@ -182,7 +188,7 @@ def _format(value: Any, spec: str) -> str:
     if type(value) not in _PLAIN:
         raise _Refusal(f"format spec {spec!r} is only allowed on numbers, strings and None")
     if any(int(n) > _MAX_WIDTH for n in re.findall(r"\d+", spec)):
-        raise _Refusal(f"format spec {spec!r} is too wide")
+        raise _TooLarge(f"format spec {spec!r} is too wide")
     return format(value, spec)
 
 
@@ -235,3 +241,17 @@ def guarded(func: Callable[..., Any]) -> Callable[..., Any]:
                                   f"{len(result)} (max_value_size {_MAX_SIZE})")
         return result
     return call
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None) -> Iterator[None]:
+    """Every evaluation inside finishes within ``seconds`` too (a step's timeout covers
+    the templates and conditions evaluated for it), besides its own budget."""
+    if seconds is None:
+        yield
+        return
+    token = _DEADLINE.set(budget(seconds))
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)

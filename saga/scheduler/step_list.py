@@ -243,7 +243,8 @@ def _repeat_start(view: _View, step: Step, iteration: int, previous: Any) -> Act
 
 def render_parameters(step: Step, names: dict[str, Any]) -> Any:
     """A step's parameters rendered; a whole-value template must render to a mapping."""
-    parameters = expressions.render(step.parameters, names)
+    with expressions.time_limit(step.timeout_seconds):  # the step's timeout covers them
+        parameters = expressions.render(step.parameters, names)
     if isinstance(step.parameters, str) and not isinstance(parameters, dict):
         raise ExpressionError(f"{step.parameters.strip()} rendered a "
                               f"{type(parameters).__name__}, not a mapping")

@@ -97,3 +97,36 @@ def test_a_step_fails_with_expression_limit_and_the_worker_goes_on(lite: Saga) -
     assert run.steps["burn"]["error"]["type"] == "ExpressionLimit"
     assert lite.run(lite.load({"name": "fine", "steps": [{"id": "a", "tool": "noop"}]})
                     ).status == "completed"
+
+
+@pytest.mark.parametrize("template", [
+    "{{ 'a' * 10**9 }}", "{{ 'a' | center(10**9) }}", "{{ 10 ** (10 ** 6) }}",
+    "{{ [0] * 10**8 }}"])
+def test_a_template_past_a_size_limit_is_an_expression_limit(template: str) -> None:
+    with pytest.raises(ExpressionLimit, match="expression limit: "):
+        render(template, {})
+
+
+@pytest.mark.timeout(60)
+def test_a_loop_with_an_empty_body_stops_at_the_budget() -> None:
+    with pytest.raises(ExpressionLimit, match="expression_seconds"):
+        render("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}"
+               "{% endfor %}", {})
+
+
+def test_compute_past_a_size_limit_is_an_expression_limit() -> None:
+    with pytest.raises(ExpressionLimit, match=r"expression limit: repetition would be too large"):
+        run_compute("result = 'a' * 10**9", {})
+
+
+@pytest.mark.timeout(30)
+def test_a_steps_timeout_covers_its_templates(lite: Saga) -> None:
+    """With a long expression budget, a step's own timeout stops a template that burns
+    CPU while its parameters are rendered (without it, this test times out)."""
+    configure(600)
+    burner = ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}"
+              "{% endfor %}")
+    run = lite.run(lite.load({"name": "burn", "steps": [
+        {"id": "burn", "tool": "echo", "timeout": 0.5, "args": {"x": burner}}]}))
+    assert run.status == "failed"
+    assert run.steps["burn"]["error"]["type"] == "ExpressionLimit"
