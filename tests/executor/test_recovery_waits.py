@@ -306,6 +306,33 @@ def test_sigkill_around_a_signal_wait_delivers_the_signal_once(
     assert {e["status"] for e in expected.values()} == {"completed"}
 
 
+def test_a_signal_sent_in_time_while_the_worker_is_dead_is_taken_after_the_timeout(
+        settings: Settings, registry: Registry, tmp_path: Path) -> None:
+    """Regression: the worker died waiting out a short signal timeout, the signal was
+    sent before the timeout, and the restarted worker (after the dead one's lease) came
+    after it: it recorded SignalTimeout, and the run was undone, as if the signal were
+    late."""
+    settings = replace(settings, lease_seconds=LEASE)
+    flow = {"name": "short-wait", "steps": [
+        effect("a", 1), {"id": "go", "signal": "go", "timeout": 0.6}, effect("b", 2)]}
+    with Saga(settings, registry=registry) as saga:
+        run = saga.submit(saga.load(flow))
+        assert crash_worker(settings, 2, tmp_path / "calls.log") == -9  # waiting it out
+        send(saga, run.run_id)
+        recover(saga)
+        events = saga.history(run.run_id)
+        until = datetime.fromisoformat(saga.get(run.run_id).steps["go"]["wait"]["until"])
+        [received] = [e for e in events if e["type"] == "SignalReceived"]
+        [taken] = [e for e in events if e.get("step_id") == "go" and e["type"] in (
+            "StepCompleted", "StepFailed")]
+        if not datetime.fromisoformat(received["timestamp"]) < until \
+                < datetime.fromisoformat(taken["timestamp"]):
+            pytest.skip("the signal came late, or the restarted worker early")
+        assert (taken["type"], taken["payload"].get("output")) == ("StepCompleted", DATA)
+        assert saga.get(run.run_id).status == "completed"
+        check_history(saga, run.run_id)
+
+
 # -- schedules ----------------------------------------------------------------------------
 
 TICK = {"name": "tick", "steps": [
