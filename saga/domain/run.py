@@ -11,6 +11,7 @@ it from there).
 from __future__ import annotations
 
 import dataclasses
+from datetime import datetime
 from typing import Any, ClassVar
 from uuid import uuid4
 
@@ -551,7 +552,17 @@ class Run(RunCommands, Aggregate):
 
     def unconsumed_signals(self, name: str) -> list[Any]:
         """The data of the signals of this name no step has taken yet, oldest first."""
-        sent = [x["data"] for x in getattr(self, "signals", []) if x["name"] == name]
+        return [x["data"] for x in self._unconsumed(name)]
+
+    def signal_arrived_by(self, name: str, moment: str) -> bool:
+        """Whether the oldest signal of this name no step has taken yet was received at or
+        before ``moment`` (an ISO time): a wait timing out then has its signal."""
+        left = self._unconsumed(name)
+        return bool(left) and datetime.fromisoformat(left[0]["at"]) \
+            <= datetime.fromisoformat(moment)
+
+    def _unconsumed(self, name: str) -> list[dict[str, Any]]:
+        sent = [x for x in getattr(self, "signals", []) if x["name"] == name]
         taken = sum(1 for s in self.steps.values()
                     if s["status"] in ("completed", "compensated")
                     and (s.get("wait") or {}).get("signal") == name)

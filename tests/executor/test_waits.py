@@ -72,6 +72,26 @@ def test_a_signal_timeout_is_a_failure_that_follows_on_error(lite: Saga) -> None
     assert run.steps["wait"]["error"]["type"] == "SignalTimeout"
 
 
+def test_a_signal_that_arrived_before_the_timeout_wins_however_late_a_worker_looks(
+        saga: Saga) -> None:
+    """The signal is recorded before the wait's timeout; no worker looks until after it
+    (they were busy, or dead: see test_recovery_waits). The step takes the signal."""
+    flow = {"name": "in-time", "steps": [
+        {"id": "go", "signal": "go", "timeout": 1.2},
+        {"id": "pay", "tool": "echo", "parameters": {"amount": "{{ go.amount }}"}}]}
+    run = saga.submit(saga.load(flow))
+    drain(saga)  # the wait is recorded; it is longer than a worker holds a run
+    saga.signal(run.run_id, "go", {"amount": 7})
+    due = until(saga, run.run_id, "go")
+    time.sleep(max((due - datetime.now(UTC)).total_seconds(), 0) + 0.05)
+    drain(saga)
+    received = [e for e in saga.history(run.run_id) if e["type"] == "SignalReceived"]
+    assert datetime.fromisoformat(received[0]["timestamp"]) < due
+    done = saga.get(run.run_id)
+    assert done.status == "completed", done.error
+    assert (done.outputs["go"], done.outputs["pay"]) == ({"amount": 7}, {"amount": 7})
+
+
 def test_pause_stops_new_steps_and_unpause_lets_a_worker_go_on(saga: Saga) -> None:
     flow: dict[str, Any] = {"name": "p", "steps": [{"id": "a", "tool": "noop"},
                                                    {"id": "b", "tool": "noop"}]}
