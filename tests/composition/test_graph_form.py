@@ -16,7 +16,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from saga import Saga, scheduler
+from saga import Saga, diagram, scheduler
 from saga.cli import main
 from saga.composition import compile_any
 from saga.composition.definition import load_file
@@ -500,3 +500,50 @@ def test_a_worker_killed_in_the_middle_of_the_loop_ends_the_same(
             check_history(saga, run.run_id)
             effects = Counter(json.loads(line)["key"] for line in log.read_text().splitlines())
             assert all(n == 1 for n in effects.values()), effects
+
+
+# -- seed 004 to the letter ------------------------------------------------------------------
+
+def test_subgraph_problems_are_reported_at_graph_paths(saga: Saga, tmp_path: Path) -> None:
+    doc = graph([task("a"),
+                 {"id": "sub", "type": "subgraph",
+                  "subgraph_config": {"workflow_name": "no-such-composition.yaml"}},
+                 {"id": "ask", "type": "subgraph",
+                  "subgraph_config": {"workflow_name": str(REVIEW)}}],
+                [("a", "sub"), ("sub", "ask")])
+    with pytest.raises(DefinitionError) as caught:
+        saga.load(doc)
+    paths = [p.path for p in caught.value.problems]
+    assert paths == ["nodes[1].subgraph_config.workflow_name",
+                     "nodes[2].subgraph_config.workflow_name"]
+    assert "no composition file or template 'no-such-composition.yaml'" in \
+        caught.value.problems[0].message
+    assert "waits for approvals" in caught.value.problems[1].message
+    broken = yaml.safe_load(DEBUG.read_text())
+    broken["nodes"][0]["task_config"]["role"] = "nobody"
+    child = tmp_path / "child-graph.yaml"
+    child.write_text(yaml.safe_dump(broken))
+    doc["nodes"][1]["subgraph_config"]["workflow_name"] = str(child)
+    doc["nodes"][2]["subgraph_config"]["workflow_name"] = CHILD
+    with pytest.raises(DefinitionError) as caught:
+        saga.load(doc)
+    assert [str(p) for p in caught.value.problems] == [
+        "nodes[1].subgraph_config.workflow_name: nodes[0].task_config.role: unknown role "
+        "'nobody' (no tool of that name)"]
+
+
+def test_saga_graph_labels_nodes_by_their_type(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        main, ["graph", str(REVIEW), "--tools", "tests.standins.graph_standins"],
+        env={"SAGA_HOME": str(tmp_path), "SAGA_TOOLS": None, "SAGA_DATABASE_URL": None})
+    assert result.exit_code == 0, result.output
+    assert "noop" not in result.output
+    for label in ['n0["implement: task implementer"]', 'n1["split: parallel (wait for all)"]',
+                  'n2["lint: gate lint_gate"]', 'n5["join: merge all, union"]',
+                  '''n6["review: human 'Approve Changes'"]''']:
+        assert label in result.output
+    plan = compile_graph(load_file(DEBUG))
+    assert '"check" [label="check: branch test_status == \'passed\'"];' in diagram.dot(plan)
+    kinds = {n["id"]: n["kind"] for n in diagram.layout(plan)["nodes"]}
+    assert kinds == {"analyze": "task", "fix": "task", "test": "gate", "check": "branch",
+                     "review": "task"}
