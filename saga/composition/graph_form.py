@@ -56,6 +56,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from saga import expressions
 from saga.chain import definition_hash
+from saga.composition import task_template
 from saga.composition.definition import Definition, ErrorHandling, RetryPolicy, Step, ToolCall
 from saga.composition.plan import Plan
 from saga.errors import DefinitionError, Problem
@@ -387,13 +388,16 @@ def _graph_problems(entry: str | None, given: list[str], ids: list[tuple[int, st
             if n not in reached:
                 add(f"nodes[{where[n]}]", f"node {n!r} cannot be reached from the entry "
                                           f"point {entry!r}")
+    loop_targets = {e.target for _, e in edges if e.is_loop_edge}
     for i, node in nodes:
-        _node_problems(node, f"nodes[{i}]", pairs, full, tools, add)
+        _node_problems(node, f"nodes[{i}]", pairs, full, tools, add, [e for _, e in edges],
+                       entry, loop_targets)
     return exits
 
 
 def _node_problems(node: Node, at: str, pairs: dict[Any, int], full: nx.DiGraph, tools: Any,
-                   add: Any) -> None:
+                   add: Any, edges: list[Edge], entry: str | None,
+                   loop_targets: set[str]) -> None:
     def tool(path: str, name: str, what: str) -> None:
         if tools is not None and name not in tools:
             add(f"{at}.{path}", f"unknown {what} {name!r} (no tool of that name)")
@@ -404,6 +408,18 @@ def _node_problems(node: Node, at: str, pairs: dict[Any, int], full: nx.DiGraph,
     if node.task_config is not None:
         task = node.task_config
         tool("task_config.role", task.role, "role")
+        for msg in task_template.problems(task.task_template):
+            add(f"{at}.task_config.task_template", msg)
+        # Fields no input can hold: every edge in maps its data to named fields.
+        into = [e for e in edges if e.target == node.id]
+        if into and all(e.data_mapping for e in into) and node.id not in loop_targets \
+                and node.id != entry and not task_template.problems(task.task_template):
+            names = {k for e in into for k in e.data_mapping or {}}
+            for name in task_template.fields(task.task_template):
+                if name != "input" and name not in names:
+                    add(f"{at}.task_config.task_template",
+                        f"{{{name}}}: no edge into {node.id!r} maps a field {name!r} "
+                        f"(they map: {', '.join(sorted(names))})")
         for k, gate in enumerate(task.gates):
             tool(f"task_config.gates[{k}]", gate, "gate type")
         if task.compensate is not None:

@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from saga.composition import task_template
 from saga.composition.graph_form import (
     Edge,
     GraphPlan,
@@ -239,7 +240,11 @@ class _Decision:
             task = node.task_config
             text = data if isinstance(data, str) else json.dumps(
                 data, sort_keys=True, ensure_ascii=False, default=str)
-            params: dict[str, Any] = {"task": task.task_template.replace("{input}", text)}
+            try:
+                rendered = task_template.render(task.task_template, text, self.fields(live))
+            except task_template.TemplateFieldError as e:
+                return FailStep(node.id, i, 1, "TemplateError", f"task_template: {e}")
+            params: dict[str, Any] = {"task": rendered}
             params.update({k: x for k, x in (("gates", task.gates),
                                              ("worktree_id", task.worktree_id)) if x})
             return StartStep(node.id, i, 1, params)
@@ -256,6 +261,20 @@ class _Decision:
         else:
             output = self.merge(node, live)
         return CompleteStep(node.id, i, output)
+
+    def fields(self, live: list[Contribution]) -> dict[str, Any]:
+        """The fields a task_template may name, as seed 004's ``input_data`` holds them:
+        the run inputs (for the entry node), then each dict that arrived, field by field
+        (later edges win), and anything else under its source's id."""
+        fields: dict[str, Any] = {}
+        for name, value, key in live:
+            if key is None and name == "input":
+                fields.update(self.run.inputs)
+            elif isinstance(value, dict):
+                fields.update(value)
+            else:
+                fields[name] = value
+        return fields
 
     def subgraph(self, node: Node, i: int, data: Any) -> Action:
         config = node.subgraph_config

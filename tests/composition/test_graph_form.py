@@ -547,3 +547,49 @@ def test_saga_graph_labels_nodes_by_their_type(tmp_path: Path) -> None:
     kinds = {n["id"]: n["kind"] for n in diagram.layout(plan)["nodes"]}
     assert kinds == {"analyze": "task", "fix": "task", "test": "gate", "check": "branch",
                      "review": "task"}
+
+
+def test_task_template_fills_fields_from_the_input_as_str_format_does(saga: Saga) -> None:
+    doc = graph([task("analyze", "debugger", "Look at {service} in {env}: {input}"),
+                 task("fix", "implementer", "Fix {analysis!r} ({task:.9}) {{literal}}"),
+                 task("review", "reviewer", "Review {change}"),
+                 {**task("sum", "reviewer", "From {change} and {analysis}"),
+                  "wait_for_incoming": "all"}],
+                [("analyze", "fix"), ("fix", "review"), ("fix", "sum"), ("analyze", "sum")])
+    run = saga.run(saga.load(doc), {"service": "billing", "env": "prod"})
+    assert run.status == "completed", run.error
+    tasks = {c["step"]: c["params"]["task"] for c in standins.CALLS}
+    assert tasks["analyze"] == ('Look at billing in prod: {"env": "prod", '
+                                '"service": "billing"}')
+    assert tasks["fix"] == "Fix 'cause found in pass 0' (Look at b) {literal}"
+    assert tasks["review"] == "Review fix-0"
+    assert tasks["sum"] == "From fix-0 and cause found in pass 0"  # both sources' fields
+
+
+def test_a_missing_template_field_fails_the_task_before_the_call(saga: Saga) -> None:
+    doc = graph([task("a", "debugger"), task("b", "implementer", "Fix {diagnosis}")],
+                [("a", "b")])
+    run = saga.run(saga.load(doc), {"input": "x"})
+    assert run.status == "failed" and run.failed_step == "b"
+    assert run.error["type"] == "TemplateError"
+    assert run.error["message"] == ("task_template: no field 'diagnosis' in the node's input "
+                                    "(fields: analysis, task)")
+    assert not calls("implementer")
+
+
+def test_task_template_problems_are_found_at_validation() -> None:
+    doc = graph([task("a", template="Use {} and {0}"), task("b", template="{x.__class__}"),
+                 task("c", template="unclosed {input"), task("d", template="{known} {other}")],
+                [("a", "b"), ("b", "c"), {"source": "c", "target": "d",
+                                           "data_mapping": {"known": "change"}}])
+    assert problems(doc) == [
+        "nodes[0].task_config.task_template: {}: positional fields are not allowed; name a "
+        "field of the node's input, or {input}",
+        "nodes[0].task_config.task_template: {0}: positional fields are not allowed; name a "
+        "field of the node's input, or {input}",
+        "nodes[1].task_config.task_template: {x.__class__}: attribute access is not allowed; "
+        "index with {x[key]}",
+        "nodes[2].task_config.task_template: expected '}' before end of string (write a "
+        "literal brace as {{ or }})",
+        "nodes[3].task_config.task_template: {other}: no edge into 'd' maps a field 'other' "
+        "(they map: known)"]
