@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from saga import expressions
 from saga.composition import task_template
-from saga.composition.graph_model import Edge, Node, body
+from saga.composition.graph_model import Edge, Node, auto_approvers, body, feeders
 from saga.errors import Problem
 
 
@@ -118,6 +118,7 @@ def graph_problems(entry: str | None, given: list[str], ids: list[tuple[int, str
             if n not in reached:
                 add(f"nodes[{where[n]}]", f"node {n!r} cannot be reached from the entry "
                                           f"point {entry!r}")
+    auto_problems([(i, n) for i, n in nodes], [e for _, e in edges], add)
     loop_targets = {e.target for _, e in edges if e.is_loop_edge}
     for i, node in nodes:
         _node_problems(node, f"nodes[{i}]", pairs, full, tools, add, [e for _, e in edges],
@@ -171,3 +172,24 @@ def _node_problems(node: Node, at: str, pairs: dict[Any, int], full: nx.DiGraph,
             add(f"{at}.{path}", f"node {target!r} not found")
         elif (node.id, target) not in pairs:
             add(f"{at}.{path}", f"no edge from {node.id!r} to {target!r}")
+
+
+def auto_problems(nodes: list[tuple[int, Node]], edges: list[Edge], add: Any) -> None:
+    """A gate's ``auto_approve`` must approve some human node, or it would be ignored."""
+    types = {n.id: n.type for _, n in nodes}
+    vouched = auto_approvers([n for _, n in nodes], edges)
+    for i, node in nodes:
+        if node.gate_config is None or not node.gate_config.auto_approve:
+            continue
+        if any(node.id in gates for gates in vouched.values()):
+            continue
+        humans = [h for h, t in types.items() if t == "human"
+                  and node.id in feeders(h, edges, types)]
+        if not humans:
+            why = f"no human node follows gate {node.id!r} (directly or through merge " \
+                  "and parallel nodes)"
+        else:
+            others = sorted(feeders(humans[0], edges, types) - {node.id})
+            why = f"human node {humans[0]!r} also waits on {', '.join(map(repr, others))}, " \
+                  "not gates with auto_approve, so a person is always asked"
+        add(f"nodes[{i}].gate_config.auto_approve", f"auto_approve has no effect: {why}")

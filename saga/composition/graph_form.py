@@ -70,6 +70,7 @@ from saga.composition.graph_model import (
     TaskNodeConfig,
     TransitionCondition,
     WorkflowGraph,
+    auto_approvers,
     body,
 )
 from saga.composition.plan import Plan
@@ -179,6 +180,11 @@ class GraphPlan(Plan):
         """Each node's incoming non-loop edges, in document order."""
         return {n: [e for e in self.model.edges if e.target == n and not e.is_loop_edge]
                 for n in self.nodes}
+
+    @functools.cached_property
+    def auto_approved(self) -> dict[str, tuple[str, ...]]:
+        """Human nodes that ``auto_approve`` gates vouch for, with those gates."""
+        return auto_approvers(self.model.nodes, self.model.edges)
 
     @functools.cached_property
     def loops(self) -> dict[str, tuple[Edge, frozenset[str]]]:

@@ -4,6 +4,7 @@ What the fields mean is told in :mod:`saga.composition.graph_form`."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import networkx as nx
@@ -196,3 +197,36 @@ def body(flow: nx.DiGraph, e: Edge) -> set[str]:
     """The nodes a loop edge re-runs: on a path from its target back to its source."""
     return (set(nx.descendants(flow, e.target)) | {e.target}) & \
         (set(nx.ancestors(flow, e.source)) | {e.source})
+
+
+def feeders(node_id: str, edges: list[Edge], types: Mapping[str, str]) -> set[str]:
+    """The nodes whose work reaches a node: walking back along its incoming non-loop
+    edges through merge and parallel nodes (which only join and fan out)."""
+    found: set[str] = set()
+    seen = {node_id}
+    todo = [node_id]
+    while todo:
+        at = todo.pop()
+        for e in edges:
+            if e.target != at or e.is_loop_edge or e.source in seen or e.source not in types:
+                continue
+            seen.add(e.source)
+            if types[e.source] in ("merge", "parallel"):
+                todo.append(e.source)
+            else:
+                found.add(e.source)
+    return found
+
+
+def auto_approvers(nodes: list[Node], edges: list[Edge]) -> dict[str, tuple[str, ...]]:
+    """The human nodes a gate's ``auto_approve`` approves, each with the gates that vouch
+    for it: every node feeding it is a gate with ``auto_approve`` (and there is one)."""
+    types = {n.id: n.type for n in nodes}
+    auto = {n.id for n in nodes if n.gate_config is not None and n.gate_config.auto_approve}
+    vouched = {}
+    for n in nodes:
+        if n.type == "human":
+            feeding = feeders(n.id, edges, types)
+            if feeding and feeding <= auto:
+                vouched[n.id] = tuple(x.id for x in nodes if x.id in feeding)
+    return vouched

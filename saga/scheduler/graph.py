@@ -332,6 +332,14 @@ class _Decision:
         assert config is not None
         key = step_key(node.id, i)
         approval = self.run.approvals.get(key)
+        gates = self.plan.auto_approved.get(node.id, ())
+        if approval is None and gates and all(
+                self.state(g)["status"] == "completed"
+                and (self.state(g).get("output") or {}).get("passed") is True for g in gates):
+            return CompleteStep(node.id, i, {
+                "approved": True, "actor": "auto",
+                "comment": f"auto_approve: gate{'s' if len(gates) > 1 else ''} "
+                           f"{', '.join(gates)} passed", "input": data})
         if approval is None:
             text = f"{config.title}: {config.description}" if config.description else config.title
             return RequestApproval(key, text)

@@ -593,3 +593,41 @@ def test_task_template_problems_are_found_at_validation() -> None:
         "literal brace as {{ or }})",
         "nodes[3].task_config.task_template: {other}: no edge into 'd' maps a field 'other' "
         "(they map: known)"]
+
+
+def review_with(**gate_config: Any) -> dict[str, Any]:
+    """The parallel review with extra gate_config on its three gates."""
+    doc = yaml.safe_load(REVIEW.read_text())
+    for node in doc["nodes"]:
+        if node["type"] == "gate":
+            node["gate_config"].update(gate_config)
+    return doc
+
+
+def test_gates_with_auto_approve_approve_the_human_node_they_feed(saga: Saga) -> None:
+    run = saga.run(saga.load(review_with(auto_approve=True)), {"input": "billing export"})
+    assert run.status == "completed", run.error
+    assert not run.approvals and not run.pending_approvals
+    assert run.steps["review"]["output"] == {
+        "approved": True, "actor": "auto",
+        "comment": "auto_approve: gates lint, test, security passed",
+        "input": run.steps["join"]["output"]}
+    assert run.outputs["merge"]["change"] == "merge-0"
+    recorded = [e["payload"] for e in saga.history(run.run_id)
+                if e["type"] == "StepCompleted" and e["step_id"] == "review"]
+    assert recorded[0]["output"]["actor"] == "auto"
+
+
+def test_auto_approve_that_would_be_ignored_is_refused() -> None:
+    doc = yaml.safe_load(REVIEW.read_text())
+    doc["nodes"][2]["gate_config"]["auto_approve"] = True  # lint only
+    assert problems(doc) == [
+        "nodes[2].gate_config.auto_approve: auto_approve has no effect: human node 'review' "
+        "also waits on 'security', 'test', not gates with auto_approve, so a person is "
+        "always asked"]
+    alone = graph([task("a"), {"id": "g", "type": "gate",
+                               "gate_config": {"gate_type": "lint_gate", "auto_approve": True}}],
+                  [("a", "g")])
+    assert problems(alone) == [
+        "nodes[1].gate_config.auto_approve: auto_approve has no effect: no human node follows "
+        "gate 'g' (directly or through merge and parallel nodes)"]
