@@ -13,14 +13,14 @@ _COLOURS = {"completed": "#b7e4c7", "running": "#a9d6e5", "failed": "#f4a3a3",
 
 def _label(plan: Any, step_id: str) -> str:
     if isinstance(plan, GraphPlan):
-        return f"{step_id}: {_node_kind(plan.nodes[step_id])}"
+        return f"{step_id}: {_node_kind(plan, plan.nodes[step_id])}"
     step = plan.step(step_id)
     kind = step.tool or (f"use {step.use}" if step.use else "compute")
     extra = " (for each)" if step.loop is not None else ""
     return f"{step_id}: {kind}{extra}"
 
 
-def _node_kind(node: Node) -> str:
+def _node_kind(plan: GraphPlan, node: Node) -> str:
     """A graph-form node by its type and what defines it (``merge all, union``)."""
     if node.task_config is not None:
         gates = node.task_config.gates
@@ -38,7 +38,7 @@ def _node_kind(node: Node) -> str:
     if node.human_config is not None:
         return f"human {node.human_config.title!r}"
     merge = node.merge_config or MergeNodeConfig()
-    return f"merge {node.wait_rule}, {merge.merge_strategy}"
+    return f"merge {plan.wait_rule(node.id)}, {merge.merge_strategy}"
 
 
 def _statuses(plan: Any, run: Any | None) -> dict[str, str]:

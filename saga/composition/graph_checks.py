@@ -13,7 +13,14 @@ from pydantic import BaseModel, ValidationError
 
 from saga import expressions
 from saga.composition import task_template
-from saga.composition.graph_model import Edge, Node, auto_approvers, body, feeders
+from saga.composition.graph_model import (
+    Edge,
+    Node,
+    auto_approvers,
+    body,
+    feeders,
+    meeting_point,
+)
 from saga.errors import Problem
 
 
@@ -119,6 +126,7 @@ def graph_problems(entry: str | None, given: list[str], ids: list[tuple[int, str
                 add(f"nodes[{where[n]}]", f"node {n!r} cannot be reached from the entry "
                                           f"point {entry!r}")
     auto_problems([(i, n) for i, n in nodes], [e for _, e in edges], add)
+    parallel_problems(nodes, flow, where, add)
     loop_targets = {e.target for _, e in edges if e.is_loop_edge}
     for i, node in nodes:
         _node_problems(node, f"nodes[{i}]", pairs, full, tools, add, [e for _, e in edges],
@@ -193,3 +201,30 @@ def auto_problems(nodes: list[tuple[int, Node]], edges: list[Edge], add: Any) ->
             why = f"human node {humans[0]!r} also waits on {', '.join(map(repr, others))}, " \
                   "not gates with auto_approve, so a person is always asked"
         add(f"nodes[{i}].gate_config.auto_approve", f"auto_approve has no effect: {why}")
+
+
+def parallel_problems(nodes: list[tuple[int, Node]], flow: nx.DiGraph, where: dict[str, int],
+                      add: Any) -> None:
+    """A parallel node's ``wait_for: any|first`` acts where its branches meet, which must
+    be a merge node that does not insist on waiting for all of them."""
+    by_id = {n.id: (i, n) for i, n in nodes}
+    for i, node in nodes:
+        config = node.parallel_config
+        if config is None or config.wait_for == "all":
+            continue
+        at = f"nodes[{i}].parallel_config.wait_for"
+        join = meeting_point(flow, config.branches, where)
+        if join is None:
+            add(at, f"wait_for {config.wait_for!r} needs the branches to meet at a merge node "
+                    "(they never meet)")
+            continue
+        j, target = by_id.get(join, (where.get(join, 0), None))
+        if target is not None and target.type != "merge":
+            add(at, f"wait_for {config.wait_for!r} needs the branches to meet at a merge "
+                    f"node; they first meet at {join!r}, a {target.type} node")
+        elif target is not None and target.merge_config is not None \
+                and "wait_for" in target.merge_config.model_fields_set \
+                and target.merge_config.wait_for == "all":
+            add(f"nodes[{j}].merge_config.wait_for",
+                f"'all' contradicts parallel {node.id!r} (wait_for: {config.wait_for!r}), "
+                "whose branches meet here: leave it out or say 'any'")

@@ -72,6 +72,7 @@ from saga.composition.graph_model import (
     WorkflowGraph,
     auto_approvers,
     body,
+    meeting_point,
 )
 from saga.composition.plan import Plan
 from saga.errors import DefinitionError, Problem
@@ -185,6 +186,31 @@ class GraphPlan(Plan):
     def auto_approved(self) -> dict[str, tuple[str, ...]]:
         """Human nodes that ``auto_approve`` gates vouch for, with those gates."""
         return auto_approvers(self.model.nodes, self.model.edges)
+
+    @functools.cached_property
+    def joins(self) -> dict[str, tuple[str, frozenset[str]]]:
+        """Each parallel node with ``wait_for: any|first``: where its branches meet (a
+        merge node, which then goes on with the first branch to arrive) and the nodes
+        between (its branches, which ``first`` cancels once the merge went on)."""
+        order = {node.id: i for i, node in enumerate(self.model.nodes)}
+        joins = {}
+        for node in self.model.nodes:
+            config = node.parallel_config
+            if config is None or config.wait_for == "all":
+                continue
+            join = meeting_point(self.graph, config.branches, order)
+            assert join is not None  # checked by validation
+            between = set(nx.descendants(self.graph, node.id)) & set(
+                nx.ancestors(self.graph, join))
+            joins[node.id] = (join, frozenset(between))
+        return joins
+
+    def wait_rule(self, node_id: str) -> str:
+        """``all`` or ``any``: which incoming edges a node waits for (a merge where the
+        branches of a ``wait_for: any|first`` parallel node meet waits for any)."""
+        if any(join == node_id for join, _ in self.joins.values()):
+            return "any"
+        return self.nodes[node_id].wait_rule
 
     @functools.cached_property
     def loops(self) -> dict[str, tuple[Edge, frozenset[str]]]:

@@ -230,3 +230,14 @@ def auto_approvers(nodes: list[Node], edges: list[Edge]) -> dict[str, tuple[str,
             if feeding and feeding <= auto:
                 vouched[n.id] = tuple(x.id for x in nodes if x.id in feeding)
     return vouched
+
+
+def meeting_point(flow: nx.DiGraph, branches: list[str], order: Mapping[str, int]) -> str | None:
+    """Where the branches of a parallel node meet first: the earliest node (in document
+    order, of those no other meeting node leads to) every branch leads to; None if none."""
+    reach = [set(nx.descendants(flow, b)) | {b} for b in branches if b in flow]
+    if not reach or len(reach) < len(branches):
+        return None
+    common = set.intersection(*reach)
+    first = [c for c in common if not set(nx.ancestors(flow, c)) & common]
+    return min(first, key=lambda c: order.get(c, 0), default=None)

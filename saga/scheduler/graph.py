@@ -155,7 +155,7 @@ class _Decision:
 
     def incoming(self, v: str, i: int) -> tuple[str, list[Contribution], str]:
         """(``ready``/``wait``/``skip``, what flows in, why skipped) for instance i of v."""
-        node, plan = self.plan.nodes[v], self.plan
+        plan = self.plan
         live: list[Contribution] = []
         if v == plan.model.entry_point:
             live.append(("input", self.run.inputs.get("input", self.run.inputs), None))
@@ -175,7 +175,7 @@ class _Decision:
         for e in plan.incoming[v]:
             status, why = self.edge(e)
             # Under `any`, a re-run waits for its own body, not for edges fired long ago.
-            counts = inside is None or e.source in inside or node.wait_rule == "all"
+            counts = inside is None or e.source in inside or plan.wait_rule(v) == "all"
             if status == "live":
                 s = self.state(e.source)
                 live.append((e.source, self.data(e.source, s["output"], e),
@@ -186,7 +186,7 @@ class _Decision:
             elif status == "open" and counts:
                 waiting = True
         live += [activator] if activator else []
-        if node.wait_rule == "all":
+        if plan.wait_rule(v) == "all":
             if dead:
                 return "skip", live, "; ".join(dead)
             return ("wait" if waiting else "ready"), live, ""
@@ -231,6 +231,9 @@ class _Decision:
 
     def ready(self, v: str, i: int) -> Action | None:
         """What to do with a pending instance: start, decide, skip it, or wait (None)."""
+        cancelled = self.cancelled(v)
+        if cancelled is not None:
+            return SkipStep(v, i, cancelled)
         status, live, reason = self.incoming(v, i)
         if status != "ready":
             return SkipStep(v, i, reason) if status == "skip" else None
@@ -261,6 +264,21 @@ class _Decision:
         else:
             output = self.merge(node, live)
         return CompleteStep(node.id, i, output)
+
+    def cancelled(self, v: str) -> str | None:
+        """Why a pending node is cancelled: it lies on a branch of a ``wait_for: first``
+        parallel node whose merge already went on with another branch."""
+        for p, (join, between) in self.plan.joins.items():
+            config = self.plan.nodes[p].parallel_config
+            if v not in between or config is None or config.wait_for != "first":
+                continue
+            fan, met = self.state(p), self.state(join)
+            if fan["status"] == met["status"] == "completed" and \
+                    self.position.get(step_key(join, met["iteration"]), -1) > \
+                    self.position.get(step_key(p, fan["iteration"]), -1):
+                return f"cancelled: {join!r} went on with the first branch of parallel " \
+                       f"{p!r} to finish (wait_for: first)"
+        return None
 
     def fields(self, live: list[Contribution]) -> dict[str, Any]:
         """The fields a task_template may name, as seed 004's ``input_data`` holds them:

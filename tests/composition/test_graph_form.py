@@ -631,3 +631,62 @@ def test_auto_approve_that_would_be_ignored_is_refused() -> None:
     assert problems(alone) == [
         "nodes[1].gate_config.auto_approve: auto_approve has no effect: no human node follows "
         "gate 'g' (directly or through merge and parallel nodes)"]
+
+
+def fan_out(split_waits_for: str, **merge_config: Any) -> dict[str, Any]:
+    """split -> a, b, c -> join -> after, one node at a time (a starts first)."""
+    join: dict[str, Any] = {"id": "join", "type": "merge"}
+    if merge_config:
+        join["merge_config"] = merge_config
+    return graph([{"id": "split", "type": "parallel",
+                   "parallel_config": {"branches": ["a", "b", "c"],
+                                       "wait_for": split_waits_for}},
+                  task("a", "debugger"), task("b", "implementer"), task("c", "reviewer"),
+                  join, task("after", "reviewer", "After {input}")],
+                 [("split", "a"), ("split", "b"), ("split", "c"), ("a", "join"),
+                  ("b", "join"), ("c", "join"), ("join", "after")],
+                 config={"max_parallel_nodes": 1})
+
+
+def test_parallel_wait_for_any_goes_on_with_the_first_branch(saga: Saga) -> None:
+    run = saga.run(saga.load(fan_out("any")), {"input": "go"})
+    assert run.status == "completed", run.error
+    assert run.completion_order[:3] == ["split", "a", "join"]  # did not wait for b and c
+    assert run.steps["join"]["output"] == run.steps["a"]["output"]
+    assert {c["step"] for c in standins.CALLS} == {"a", "b", "c", "after"}  # the rest ran
+    assert run.steps["b"]["status"] == run.steps["c"]["status"] == "completed"
+    assert calls("reviewer")[-1]["params"]["task"].startswith('After {"analysis"')
+
+
+def test_parallel_wait_for_first_cancels_the_other_branches(saga: Saga) -> None:
+    run = saga.run(saga.load(fan_out("first")), {"input": "go"})
+    assert run.status == "completed", run.error
+    assert run.steps["join"]["output"] == run.steps["a"]["output"]
+    reason = ("cancelled: 'join' went on with the first branch of parallel 'split' to "
+              "finish (wait_for: first)")
+    assert {k: s.get("reason") for k, s in run.steps.items() if s["status"] == "skipped"} == {
+        "b": reason, "c": reason}
+    assert [c["step"] for c in standins.CALLS] == ["a", "after"]
+    assert run.outputs == {"after": run.steps["after"]["output"]}
+
+
+def test_parallel_wait_for_all_stays_the_default(saga: Saga) -> None:
+    run = saga.run(saga.load(fan_out("all")), {"input": "go"})
+    assert run.completion_order[:5] == ["split", "a", "b", "c", "join"]
+    assert set(run.steps["join"]["output"]) == {"analysis", "change", "task", "verdict"}
+
+
+def test_parallel_wait_for_needs_a_merge_where_the_branches_meet() -> None:
+    assert problems(fan_out("first", wait_for="all")) == [
+        "nodes[4].merge_config.wait_for: 'all' contradicts parallel 'split' (wait_for: "
+        "'first'), whose branches meet here: leave it out or say 'any'"]
+    doc = fan_out("any")
+    doc["nodes"][4] = task("join")
+    assert problems(doc) == [
+        "nodes[0].parallel_config.wait_for: wait_for 'any' needs the branches to meet at a "
+        "merge node; they first meet at 'join', a task node"]
+    doc["edges"] = doc["edges"][:3]
+    doc["nodes"] = doc["nodes"][:4]
+    assert problems(doc) == [
+        "nodes[0].parallel_config.wait_for: wait_for 'any' needs the branches to meet at a "
+        "merge node (they never meet)"]
