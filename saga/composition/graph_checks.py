@@ -161,6 +161,9 @@ def _node_problems(node: Node, at: str, pairs: dict[Any, int], full: nx.DiGraph,
                         f"(they map: {', '.join(sorted(names))})")
         for k, gate in enumerate(task.gates):
             tool(f"task_config.gates[{k}]", gate, "gate type")
+            if gate in task.gates[:k]:
+                add(f"{at}.task_config.gates[{k}]", f"gate {gate!r} is listed twice "
+                                                    f"(first at gates[{task.gates.index(gate)}])")
         if task.compensate is not None:
             if task.compensate.tool is not None:
                 tool("task_config.compensate.tool", task.compensate.tool, "tool")

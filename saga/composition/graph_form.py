@@ -155,6 +155,11 @@ def _step(model: WorkflowGraph, node: Node) -> Step:
     return Step(**base, tool="noop", confirm=title)
 
 
+def gate_step_id(node_id: str, gate: str) -> str:
+    """The step that runs gate ``gate`` of task ``node_id``."""
+    return f"{node_id}.{gate}"
+
+
 @dataclass(frozen=True)
 class GraphPlan(Plan):
     """A compiled graph: the Plan interface (``graph`` holds the non-loop edges, so levels
@@ -162,6 +167,24 @@ class GraphPlan(Plan):
     for its scheduler (:mod:`saga.scheduler.graph`)."""
 
     model: WorkflowGraph
+
+    def step(self, step_id: str) -> Step:
+        """The step of a node, or of one of a task's gates (``fix.lint_gate``)."""
+        gate = self.gate_steps.get(step_id)
+        return gate if gate is not None else super().step(step_id)
+
+    @functools.cached_property
+    def gate_steps(self) -> dict[str, Step]:
+        """The steps that run a task's ``gates`` after it, by id: ``<node>.<gate>`` (a
+        node id has no dot), each failing unless its gate answers ``passed: true``."""
+        steps = {}
+        for node in self.model.nodes:
+            for gate in node.task_config.gates if node.task_config is not None else []:
+                step = Step(id="gate", tool=gate, expect="output.passed == True",
+                            description=f"gate {gate} of task {node.id}")
+                steps[gate_step_id(node.id, gate)] = step.model_copy(
+                    update={"id": gate_step_id(node.id, gate)})
+        return steps
 
     def record(self) -> dict[str, Any]:
         """The normalised graph (exit points filled in) as recorded in ``RunStarted``."""

@@ -19,6 +19,7 @@ from saga.composition.graph_form import (
     MergeNodeConfig,
     Node,
     TransitionCondition,
+    gate_step_id,
 )
 from saga.domain import Run, child_run_id, step_key
 from saga.scheduler.actions import (
@@ -140,6 +141,12 @@ class _Decision:
     def edge(self, e: Edge) -> tuple[str, str]:
         """``live``, ``dead`` (with why) or ``open``, for the source's current instance."""
         s = self.state(e.source)
+        gates, failing = self.gates(e.source)
+        if s["status"] == "completed" and gates == "failed":
+            return "dead", f"edge {e.id}: upstream node {e.source!r} failed its gate " \
+                           f"{failing!r}"
+        if s["status"] == "completed" and gates == "open":
+            return "open", ""
         if s["status"] == "completed":
             if self.fires(e, s["output"]):
                 return "live", ""
@@ -213,6 +220,10 @@ class _Decision:
             # A failure decided here, before any call, is decided again on a redrive.
             redo = retry_pending(state) and "parameters" not in state
             if state["status"] != "pending" and not redo:
+                gate = self.next_gate(v)
+                if gate is not None and slots > 0:
+                    slots -= 1
+                    starts.append(gate)
                 continue
             action = self.ready(v, self.index[v])
             if isinstance(action, StartStep):
@@ -248,8 +259,8 @@ class _Decision:
             except task_template.TemplateFieldError as e:
                 return FailStep(node.id, i, 1, "TemplateError", f"task_template: {e}")
             params: dict[str, Any] = {"task": rendered}
-            params.update({k: x for k, x in (("gates", task.gates),
-                                             ("worktree_id", task.worktree_id)) if x})
+            if task.worktree_id:
+                params["worktree_id"] = task.worktree_id
             return StartStep(node.id, i, 1, params)
         if node.gate_config is not None:
             return StartStep(node.id, i, 1, {"input": data})
@@ -264,6 +275,37 @@ class _Decision:
         else:
             output = self.merge(node, live)
         return CompleteStep(node.id, i, output)
+
+    def gates(self, v: str) -> tuple[str, str | None]:
+        """A completed task's gates, at its current instance: ``completed`` (all passed),
+        ``failed`` (with the gate that failed for good) or ``open``."""
+        node = self.plan.nodes[v]
+        for gate in node.task_config.gates if node.task_config is not None else []:
+            s = self.state(gate_step_id(v, gate), self.index[v])
+            if s["status"] == "failed" and not retry_pending(s):
+                return "failed", gate
+            if s["status"] != "completed":
+                return "open", None
+        return "completed", None
+
+    def next_gate(self, v: str) -> StartStep | None:
+        """Start the next gate of a task that completed: after the task, one at a time,
+        in the order listed, each given the task's output (and worktree)."""
+        state = self.state(v)
+        node = self.plan.nodes[v]
+        if state["status"] != "completed" or node.task_config is None:
+            return None
+        for gate in node.task_config.gates:
+            s = self.state(gate_step_id(v, gate), self.index[v])
+            if s["status"] == "completed":
+                continue
+            if s["status"] != "pending":
+                return None
+            params: dict[str, Any] = {"input": state["output"]}
+            if node.task_config.worktree_id:
+                params["worktree_id"] = node.task_config.worktree_id
+            return StartStep(gate_step_id(v, gate), self.index[v], 1, params)
+        return None
 
     def cancelled(self, v: str) -> str | None:
         """Why a pending node is cancelled: it lies on a branch of a ``wait_for: first``

@@ -690,3 +690,50 @@ def test_parallel_wait_for_needs_a_merge_where_the_branches_meet() -> None:
     assert problems(doc) == [
         "nodes[0].parallel_config.wait_for: wait_for 'any' needs the branches to meet at a "
         "merge node (they never meet)"]
+
+
+def gated(**config: Any) -> dict[str, Any]:
+    """a -> fix (gates lint_gate, test_gate; undone by `undo`) -> after."""
+    return graph([task("a", "debugger"),
+                  task("fix", gates=["lint_gate", "test_gate"], worktree_id="wt-1",
+                       compensate={"tool": "undo", "args": {"what": "{{ output.change }}"}}),
+                  task("after", "reviewer", "After {change}")],
+                 [("a", "fix"), ("fix", "after")], config=config)
+
+
+def test_task_gates_run_after_the_task_as_steps_of_their_own(saga: Saga) -> None:
+    run = saga.run(saga.load(gated()), {"input": "go"})
+    assert run.status == "completed", run.error
+    assert [c["step"] for c in standins.CALLS] == [
+        "a", "fix", "fix.lint_gate", "fix.test_gate", "after"]
+    assert "gates" not in calls("implementer")[0]["params"]  # the gates are not the role's
+    fix = run.steps["fix"]["output"]
+    assert calls("lint_gate")[0]["params"] == {"input": fix, "worktree_id": "wt-1"}
+    assert run.steps["fix.test_gate"]["output"] == {"passed": True, "test_status": "passed",
+                                                    "tests": 12}
+    assert calls("reviewer")[0]["params"]["task"] == "After fix-0"  # the task's output flows
+    gate_events = [(e["type"], e["step_id"]) for e in saga.history(run.run_id)
+                   if "." in e.get("step_id", "")]
+    assert gate_events == [("StepStarted", "fix.lint_gate"), ("StepCompleted", "fix.lint_gate"),
+                           ("StepStarted", "fix.test_gate"), ("StepCompleted", "fix.test_gate")]
+
+
+def test_a_failing_task_gate_fails_the_task_and_undoes_it(
+        saga: Saga, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GRAPH_FAILING_GATES", "lint_gate")
+    run = saga.run(saga.load(gated()), {"input": "go"})
+    assert run.status == "compensated"
+    assert run.failed_step == "fix.lint_gate" and run.error["type"] == "ExpectationFailed"
+    assert run.steps["fix.lint_gate"]["output"] is None
+    assert [c["params"] for c in calls("undo")] == [{"what": "fix-0"}]
+    assert not calls("test_gate") and not calls("reviewer")
+    run = saga.run(saga.load(gated(fail_fast=False)), {"input": "go"})
+    assert run.status == "compensated"  # what ran is undone after the rest was decided
+    assert run.steps["after"]["reason"] == \
+        "no incoming edge can fire: edge e2: upstream node 'fix' failed its gate 'lint_gate'"
+
+
+def test_a_gate_listed_twice_is_refused() -> None:
+    doc = graph([task("a", gates=["lint_gate", "lint_gate"])], [])
+    assert problems(doc) == [
+        "nodes[0].task_config.gates[1]: gate 'lint_gate' is listed twice (first at gates[0])"]
