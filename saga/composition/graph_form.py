@@ -18,6 +18,19 @@ Choices where seed 004 is silent (each is tested in tests/composition/test_graph
   run inputs) for the entry node and the branch's input for a loop re-activation: one
   such value as is, several as an object keyed by source id (``input`` for the run
   input). Branch, parallel and human nodes pass their input on; ``data_mapping`` picks.
+* **task_template** is filled as seed 004 fills it, ``task_template.format(input=...,
+  **input_data)`` (:mod:`saga.composition.task_template`): ``{input}`` as above, any
+  other ``{field}`` from the node's input data (the run inputs for the entry node, the
+  fields of each object that arrived, later edges winning, anything else under its
+  source's id). A field that is not there fails the task before its call
+  (``TemplateError``); positional fields, attribute access and bad braces are refused
+  at validation, and so is a field no ``data_mapping`` into the node provides.
+* **Task gates** (``task_config.gates``) run after the task, one at a time in the order
+  listed, each as a step of its own, ``<node>.<gate>`` (the gate's tool, given
+  ``{"input": <the task's output>}`` and the task's ``worktree_id``), so each result is
+  in the log. The task counts as done when every gate passed; a gate that does not answer
+  ``passed: true`` fails it: fail_fast stops the run and compensates (the task's own
+  compensation included: its effect already happened), and its outgoing edges are dead.
 * **Gates** fail (``ExpectationFailed``, then fail_fast) unless they answer ``passed:
   true``, except a gate all of whose edges lead to branches: it only reports, and the
   branch reads its output (``field: test_status``).
@@ -33,15 +46,29 @@ Choices where seed 004 is silent (each is tested in tests/composition/test_graph
   A missing field or incomparable values make a condition false.
 * **Human** approvals are keyed by instance (``review``, ``review[1]``); a decision
   completes the node with ``{"approved", "actor", "comment", "input"}``.
+* **auto_approve** (seed: "skip human approval if gate passes"): a human node whose
+  feeders (the nodes before it, looking through merge and parallel nodes) are all gates
+  with ``auto_approve`` is approved without asking when each of them passed, recorded as
+  ``{"approved": true, "actor": "auto", ...}``; otherwise a person is asked. An
+  ``auto_approve`` that can never apply (no human after it, or a human that also waits
+  on other work) is refused at validation.
+* **Parallel wait_for** acts where the branches meet, which must be a merge node: under
+  ``any`` and ``first`` it goes on with the first branch to arrive (its own
+  ``wait_for`` becomes ``any``; an explicit ``all`` there is refused). Under ``any`` the
+  other branches run on; under ``first`` their nodes not yet started are skipped
+  (``cancelled: ...``). A call already in flight finishes and is recorded (a call is
+  never abandoned half-way), and what the losing branches completed is not compensated:
+  compensation undoes a whole run, not part of one. ``all`` (the default) is as before.
+* ``gate_config.requires_worktree: false`` is passed to the gate's tool.
 * **Outcome.** The run completes when nothing is left to do and every exit point
   finished or was skipped, with each exit point's output by id (null when skipped).
   Failed and compensated runs report each node's latest output.
 * **Extensions**: ``task_config.compensate`` and ``task_config.retry`` (as in the
-  step-list form). ``gates`` and ``worktree_id`` are passed to the role's tool;
-  ``parallel_config.wait_for`` and ``gate_config.auto_approve`` are recorded only.
+  step-list form). ``worktree_id`` is passed to the role's tool and its gates;
+  ``ui_metadata``, ``label`` and ``description`` are for people and editors.
 
-This module is the language and its checks; the readiness rules that carry these choices
-out are :mod:`saga.scheduler.graph`.
+The language is :mod:`.graph_model`, its checks :mod:`.graph_checks`; this module
+compiles; the readiness rules that carry these choices out are :mod:`saga.scheduler.graph`.
 """
 
 from __future__ import annotations

@@ -263,7 +263,8 @@ class _Decision:
                 params["worktree_id"] = task.worktree_id
             return StartStep(node.id, i, 1, params)
         if node.gate_config is not None:
-            return StartStep(node.id, i, 1, {"input": data})
+            extra = {} if node.gate_config.requires_worktree else {"requires_worktree": False}
+            return StartStep(node.id, i, 1, {"input": data, **extra})
         if node.subgraph_config is not None:
             return self.subgraph(node, i, data)
         if node.branch_config is not None:

@@ -613,6 +613,7 @@ def test_gates_with_auto_approve_approve_the_human_node_they_feed(saga: Saga) ->
         "comment": "auto_approve: gates lint, test, security passed",
         "input": run.steps["join"]["output"]}
     assert run.outputs["merge"]["change"] == "merge-0"
+    assert "requires_worktree" not in calls("lint_gate")[0]["params"]  # the default: true
     recorded = [e["payload"] for e in saga.history(run.run_id)
                 if e["type"] == "StepCompleted" and e["step_id"] == "review"]
     assert recorded[0]["output"]["actor"] == "auto"
@@ -737,3 +738,10 @@ def test_a_gate_listed_twice_is_refused() -> None:
     doc = graph([task("a", gates=["lint_gate", "lint_gate"])], [])
     assert problems(doc) == [
         "nodes[0].task_config.gates[1]: gate 'lint_gate' is listed twice (first at gates[0])"]
+
+
+def test_a_gate_that_needs_no_worktree_is_told_so(saga: Saga) -> None:
+    doc = graph([task("a"), {"id": "g", "type": "gate", "gate_config": {
+        "gate_type": "lint_gate", "requires_worktree": False}}], [("a", "g")])
+    assert saga.run(saga.load(doc), {"input": "x"}).status == "completed"
+    assert calls("lint_gate")[0]["params"]["requires_worktree"] is False
