@@ -4,16 +4,41 @@ from __future__ import annotations
 
 from typing import Any
 
+from saga.composition.graph_form import GraphPlan, MergeNodeConfig, Node
+
 _COLOURS = {"completed": "#b7e4c7", "running": "#a9d6e5", "failed": "#f4a3a3",
             "skipped": "#dddddd", "compensated": "#e0c3fc", "pending": "#ffffff",
             "waiting": "#ffe8a3"}
 
 
 def _label(plan: Any, step_id: str) -> str:
+    if isinstance(plan, GraphPlan):
+        return f"{step_id}: {_node_kind(plan, plan.nodes[step_id])}"
     step = plan.step(step_id)
     kind = step.tool or (f"use {step.use}" if step.use else "compute")
     extra = " (for each)" if step.loop is not None else ""
     return f"{step_id}: {kind}{extra}"
+
+
+def _node_kind(plan: GraphPlan, node: Node) -> str:
+    """A graph-form node by its type and what defines it (``merge all, union``)."""
+    if node.task_config is not None:
+        gates = node.task_config.gates
+        return f"task {node.task_config.role}" + (f" + gates {', '.join(gates)}" if gates else "")
+    if node.gate_config is not None:
+        return f"gate {node.gate_config.gate_type}" + \
+            (" (auto_approve)" if node.gate_config.auto_approve else "")
+    if node.branch_config is not None:
+        cond = node.branch_config.condition
+        return f"branch {cond.field} {cond.operator} {cond.value!r}"
+    if node.parallel_config is not None:
+        return f"parallel (wait for {node.parallel_config.wait_for})"
+    if node.subgraph_config is not None:
+        return f"subgraph {node.subgraph_config.workflow_name}"
+    if node.human_config is not None:
+        return f"human {node.human_config.title!r}"
+    merge = node.merge_config or MergeNodeConfig()
+    return f"merge {plan.wait_rule(node.id)}, {merge.merge_strategy}"
 
 
 def _statuses(plan: Any, run: Any | None) -> dict[str, str]:
@@ -77,6 +102,8 @@ def layout(plan: Any, run: Any | None = None) -> dict[str, Any]:
         for row, step_id in enumerate(members):
             step = plan.step(step_id)
             kind = "tool" if step.tool else "use" if step.use else "compute"
+            if isinstance(plan, GraphPlan):
+                kind = plan.nodes[step_id].type
             nodes.append({"id": step_id, "level": level, "row": row, "kind": kind,
                           "label": _label(plan, step_id), "status": statuses.get(step_id),
                           "colour": _COLOURS.get(statuses.get(step_id, ""), "#ffffff")})

@@ -55,11 +55,21 @@ def load(source: str | Path | Mapping[str, Any], tools: Tools = None) -> Plan:
         try:
             load_child(step.use, tools)
         except DefinitionError as e:
-            problems += [Problem(f"steps[{i}].{p.path}" if p.path else f"steps[{i}].use",
-                                 p.message) for p in e.problems]
+            problems += [_nested_problem(plan, i, p) for p in e.problems]
     if problems:
         raise DefinitionError(problems, None if isinstance(source, Mapping) else str(source))
     return plan
+
+
+def _nested_problem(plan: Plan, i: int, problem: Problem) -> Problem:
+    """A problem of the composition step i uses, at the path the user wrote: ``steps[i]``
+    in the step-list form, the node's ``subgraph_config.workflow_name`` in the graph form
+    (one step per node, in node order), with the child's own path in the message."""
+    if not isinstance(plan, GraphPlan):
+        return Problem(f"steps[{i}].{problem.path}" if problem.path else f"steps[{i}].use",
+                       problem.message)
+    inner = "" if problem.path in ("", "use") else f"{problem.path}: "
+    return Problem(f"nodes[{i}].subgraph_config.workflow_name", inner + problem.message)
 
 
 def resolve(use: str) -> Path:

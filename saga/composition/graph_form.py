@@ -18,6 +18,19 @@ Choices where seed 004 is silent (each is tested in tests/composition/test_graph
   run inputs) for the entry node and the branch's input for a loop re-activation: one
   such value as is, several as an object keyed by source id (``input`` for the run
   input). Branch, parallel and human nodes pass their input on; ``data_mapping`` picks.
+* **task_template** is filled as seed 004 fills it, ``task_template.format(input=...,
+  **input_data)`` (:mod:`saga.composition.task_template`): ``{input}`` as above, any
+  other ``{field}`` from the node's input data (the run inputs for the entry node, the
+  fields of each object that arrived, later edges winning, anything else under its
+  source's id). A field that is not there fails the task before its call
+  (``TemplateError``); positional fields, attribute access and bad braces are refused
+  at validation, and so is a field no ``data_mapping`` into the node provides.
+* **Task gates** (``task_config.gates``) run after the task, one at a time in the order
+  listed, each as a step of its own, ``<node>.<gate>`` (the gate's tool, given
+  ``{"input": <the task's output>}`` and the task's ``worktree_id``), so each result is
+  in the log. The task counts as done when every gate passed; a gate that does not answer
+  ``passed: true`` fails it: fail_fast stops the run and compensates (the task's own
+  compensation included: its effect already happened), and its outgoing edges are dead.
 * **Gates** fail (``ExpectationFailed``, then fail_fast) unless they answer ``passed:
   true``, except a gate all of whose edges lead to branches: it only reports, and the
   branch reads its output (``field: test_status``).
@@ -33,210 +46,68 @@ Choices where seed 004 is silent (each is tested in tests/composition/test_graph
   A missing field or incomparable values make a condition false.
 * **Human** approvals are keyed by instance (``review``, ``review[1]``); a decision
   completes the node with ``{"approved", "actor", "comment", "input"}``.
+* **auto_approve** (seed: "skip human approval if gate passes"): a human node whose
+  feeders (the nodes before it, looking through merge and parallel nodes) are all gates
+  with ``auto_approve`` is approved without asking when each of them passed, recorded as
+  ``{"approved": true, "actor": "auto", ...}``; otherwise a person is asked. An
+  ``auto_approve`` that can never apply (no human after it, or a human that also waits
+  on other work) is refused at validation.
+* **Parallel wait_for** acts where the branches meet, which must be a merge node: under
+  ``any`` and ``first`` it goes on with the first branch to arrive (its own
+  ``wait_for`` becomes ``any``; an explicit ``all`` there is refused). Under ``any`` the
+  other branches run on; under ``first`` their nodes not yet started are skipped
+  (``cancelled: ...``). A call already in flight finishes and is recorded (a call is
+  never abandoned half-way), and what the losing branches completed is not compensated:
+  compensation undoes a whole run, not part of one. ``all`` (the default) is as before.
+* ``gate_config.requires_worktree: false`` is passed to the gate's tool.
 * **Outcome.** The run completes when nothing is left to do and every exit point
   finished or was skipped, with each exit point's output by id (null when skipped).
   Failed and compensated runs report each node's latest output.
 * **Extensions**: ``task_config.compensate`` and ``task_config.retry`` (as in the
-  step-list form). ``gates`` and ``worktree_id`` are passed to the role's tool;
-  ``parallel_config.wait_for`` and ``gate_config.auto_approve`` are recorded only.
+  step-list form). ``worktree_id`` is passed to the role's tool and its gates;
+  ``ui_metadata``, ``label`` and ``description`` are for people and editors.
 
-This module is the language and its checks; the readiness rules that carry these choices
-out are :mod:`saga.scheduler.graph`.
+The language is :mod:`.graph_model`, its checks :mod:`.graph_checks`; this module
+compiles; the readiness rules that carry these choices out are :mod:`saga.scheduler.graph`.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import networkx as nx
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from saga import expressions
 from saga.chain import definition_hash
-from saga.composition.definition import Definition, ErrorHandling, RetryPolicy, Step, ToolCall
+from saga.composition.definition import Definition, ErrorHandling, Step
+from saga.composition.graph_checks import graph_problems, validate, validate_list
+from saga.composition.graph_model import (
+    BranchNodeConfig,
+    Edge,
+    GateNodeConfig,
+    GraphConfig,
+    GraphHead,
+    HumanNodeConfig,
+    LoopCondition,
+    MergeNodeConfig,
+    Node,
+    ParallelNodeConfig,
+    SubgraphNodeConfig,
+    TaskNodeConfig,
+    TransitionCondition,
+    WorkflowGraph,
+    auto_approvers,
+    body,
+    meeting_point,
+)
 from saga.composition.plan import Plan
 from saga.errors import DefinitionError, Problem
 
-_TYPES = ("task", "gate", "branch", "merge", "parallel", "subgraph", "human")
-_OPS = Literal["==", "!=", ">", "<", ">=", "<=", "in", "not_in", "contains", "starts_with",
-               "ends_with"]
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class _Condition(_Model):
-    field: str
-    value: Any
-
-    @field_validator("field")
-    @classmethod
-    def _safe_field(cls, value: str) -> str:
-        if not value.replace("_", "").replace(".", "").isalnum():
-            raise ValueError(f"invalid field name: {value!r}")
-        return value
-
-    @field_validator("value")
-    @classmethod
-    def _plain_value(cls, value: Any) -> Any:
-        if not isinstance(value, str | int | float | bool) and not (
-                isinstance(value, list) and all(isinstance(v, str) for v in value)):
-            raise ValueError("must be a string, number, boolean or list of strings")
-        return value
-
-
-class TransitionCondition(_Condition):
-    """A structured edge condition: ``field`` (dotted) into the source's output."""
-
-    operator: _OPS
-
-
-class LoopCondition(_Condition):
-    """A branch node's condition, with the bound on how often its loop may be taken."""
-
-    operator: Literal["==", "!=", ">", "<", ">=", "<=", "in", "not_in"]
-    max_iterations: int = Field(default=10, ge=1, le=10_000)
-
-
-class Edge(_Model):
-    """A directed edge, optionally conditional; a loop edge re-runs its target."""
-
-    id: str
-    source: str
-    target: str
-    condition: TransitionCondition | None = None
-    data_mapping: dict[str, str] | None = None
-    is_loop_edge: bool = False
-
-
-class TaskNodeConfig(_Model):
-    """Run a role (a tool) with the rendered task text."""
-
-    role: str
-    task_template: str = "{input}"
-    timeout: int | None = Field(default=None, gt=0, description="seconds")
-    gates: list[str] = Field(default_factory=list)
-    worktree_id: str | None = None
-    compensate: ToolCall | None = None  # extension: how to undo the task
-    retry: RetryPolicy | None = None  # extension: retries of the role's tool
-
-    @field_validator("compensate", mode="before")
-    @classmethod
-    def _no_compensation(cls, value: Any) -> Any:
-        return None if value is False else value
-
-
-class GateNodeConfig(_Model):
-    """Run a verification gate (a tool answering ``{"passed": bool, ...}``)."""
-
-    gate_type: str
-    auto_approve: bool = False
-    requires_worktree: bool = True
-
-
-class BranchNodeConfig(_Model):
-    """Choose ``on_true`` or ``on_false`` by a structured condition over the input."""
-
-    condition: LoopCondition
-    on_true: str
-    on_false: str
-
-
-class MergeNodeConfig(_Model):
-    """Join incoming edges and merge their data."""
-
-    wait_for: Literal["all", "any"] = "all"
-    merge_strategy: Literal["union", "intersection", "first"] = "union"
-
-
-class ParallelNodeConfig(_Model):
-    """Fan out to ``branches`` (each needs an edge from this node)."""
-
-    branches: list[str]
-    wait_for: Literal["all", "any", "first"] = "all"
-
-
-class SubgraphNodeConfig(_Model):
-    """Run a composition file or template as a nested child run."""
-
-    workflow_name: str = Field(min_length=1)
-    input_mapping: dict[str, str] = Field(default_factory=dict)
-    output_mapping: dict[str, str] = Field(default_factory=dict)
-
-
-class HumanNodeConfig(_Model):
-    """Wait for a person's approval."""
-
-    title: str
-    description: str | None = None
-
-
-class Node(_Model):
-    """One node: its type and the configuration of that type (and only that one)."""
-
-    id: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_\-]*$")
-    type: Literal["task", "gate", "branch", "merge", "parallel", "subgraph", "human"]
-    label: str | None = None
-    description: str | None = None
-    task_config: TaskNodeConfig | None = None
-    gate_config: GateNodeConfig | None = None
-    branch_config: BranchNodeConfig | None = None
-    merge_config: MergeNodeConfig | None = None
-    parallel_config: ParallelNodeConfig | None = None
-    subgraph_config: SubgraphNodeConfig | None = None
-    human_config: HumanNodeConfig | None = None
-    ui_metadata: dict[str, Any] | None = None
-    wait_for_incoming: Literal["all", "any"] = "any"
-
-    @model_validator(mode="after")
-    def _one_config(self) -> Node:
-        # A merge node may leave merge_config out: every field of it has a default.
-        if getattr(self, f"{self.type}_config") is None and self.type != "merge":
-            raise ValueError(f"a {self.type} node needs {self.type}_config")
-        for kind in _TYPES:
-            if kind != self.type and getattr(self, f"{kind}_config") is not None:
-                raise ValueError(f"a {self.type} node takes no {kind}_config")
-        return self
-
-    @property
-    def wait_rule(self) -> str:
-        """``all`` or ``any``: which incoming edges must fire (a merge's ``wait_for``)."""
-        if self.type == "merge":
-            return (self.merge_config or MergeNodeConfig()).wait_for
-        return self.wait_for_incoming
-
-
-class GraphConfig(_Model):
-    """Run-wide settings."""
-
-    max_parallel_nodes: int = Field(default=4, ge=1, le=1024)
-    fail_fast: bool = True
-
-
-class _Head(_Model):
-    id: str
-    name: str = Field(min_length=1)
-    description: str | None = None
-    version: str = "1.0.0"
-    entry_point: str
-    exit_points: list[str] = Field(default_factory=list)
-    config: GraphConfig = Field(default_factory=GraphConfig)
-
-    @field_validator("version", mode="before")
-    @classmethod
-    def _version_text(cls, value: Any) -> Any:
-        return str(value) if isinstance(value, int | float) else value
-
-
-class WorkflowGraph(_Head):
-    """A whole graph-form composition."""
-
-    nodes: list[Node] = Field(min_length=1)
-    edges: list[Edge] = Field(default_factory=list)
+__all__ = ["BranchNodeConfig", "Edge", "GateNodeConfig", "GraphConfig", "GraphPlan",
+           "HumanNodeConfig", "LoopCondition", "MergeNodeConfig", "Node", "ParallelNodeConfig",
+           "SubgraphNodeConfig", "TaskNodeConfig", "TransitionCondition", "WorkflowGraph",
+           "compile_graph"]
 
 
 def compile_graph(data: dict[str, Any], *, tools: Any = None,
@@ -253,10 +124,10 @@ def compile_graph(data: dict[str, Any], *, tools: Any = None,
     if not isinstance(data, dict):
         raise DefinitionError([Problem("", "a composition must be a mapping")], source)
     problems: list[Problem] = []
-    head = _validate(_Head, {k: v for k, v in data.items() if k not in ("nodes", "edges")},
+    head = validate(GraphHead, {k: v for k, v in data.items() if k not in ("nodes", "edges")},
                      "", problems)
-    nodes = _validate_list(data, "nodes", Node, problems, required=True)
-    edges = _validate_list(data, "edges", Edge, problems, required=False)
+    nodes = validate_list(data, "nodes", Node, problems, required=True)
+    edges = validate_list(data, "edges", Edge, problems, required=False)
     # Graph checks run even when other parts are malformed, on what can be read.
     entry = data.get("entry_point") if head is None else head.entry_point
     given = data.get("exit_points") if head is None else head.exit_points
@@ -265,7 +136,7 @@ def compile_graph(data: dict[str, Any], *, tools: Any = None,
     ids = [(i, n["id"]) for i, n in enumerate(raw)
            if isinstance(n, dict) and isinstance(n.get("id"), str)]
     reach = len(edges) == len(data.get("edges") or [])  # judged only with every edge read
-    exits = _graph_problems(entry if isinstance(entry, str) else None, given, ids, nodes,
+    exits = graph_problems(entry if isinstance(entry, str) else None, given, ids, nodes,
                             edges, tools, problems, reach)
     if problems:
         raise DefinitionError(problems, source)
@@ -284,153 +155,6 @@ def compile_graph(data: dict[str, Any], *, tools: Any = None,
         error_handling=ErrorHandling(failure_strategy=strategy),  # type: ignore[arg-type]
         metadata={"form": "graph", "graph_id": model.id})
     return GraphPlan(definition, flow, order, model)
-
-
-def _validate(model: type[BaseModel], raw: Any, prefix: str, problems: list[Problem]) -> Any:
-    try:
-        return model.model_validate(raw)
-    except ValidationError as e:
-        for err in e.errors():
-            path = prefix
-            for part in err["loc"]:
-                if isinstance(part, int):
-                    path += f"[{part}]"
-                elif "function-" not in str(part):
-                    path += f".{part}" if path else str(part)
-            message = err["msg"].removeprefix("Value error, ")
-            if err["type"] == "extra_forbidden":
-                message = "unknown key (not part of the graph form)"
-            problems.append(Problem(path, message))
-        return None
-
-
-def _validate_list(data: dict[str, Any], key: str, model: type[BaseModel],
-                   problems: list[Problem], required: bool) -> list[tuple[int, Any]]:
-    """Each item validated on its own, so graph checks still run on the valid ones."""
-    raw = data.get(key)
-    if not required and not raw:
-        return []
-    if not isinstance(raw, list) or not raw:
-        problems.append(Problem(key, "must be a non-empty list" if required else "must be a list"))
-        return []
-    items = [(i, _validate(model, item, f"{key}[{i}]", problems)) for i, item in enumerate(raw)]
-    return [(i, item) for i, item in items if item is not None]
-
-
-def _graph_problems(entry: str | None, given: list[str], ids: list[tuple[int, str]],
-                    nodes: list[tuple[int, Node]], edges: list[tuple[int, Edge]], tools: Any,
-                    problems: list[Problem], reach: bool) -> list[str]:
-    """Seed 004's validate_graph checks and this engine's own; returns the exit points.
-    ``ids`` are every node id that can be read, so an edge to a malformed node is not also
-    reported as an edge to an unknown one."""
-    def add(path: str, message: str) -> None:
-        problems.append(Problem(path, message))
-
-    where: dict[str, int] = {}
-    for i, node_id in ids:
-        if node_id in where:
-            add(f"nodes[{i}].id",
-                f"duplicate node id {node_id!r} (first at nodes[{where[node_id]}])")
-        where.setdefault(node_id, i)
-    seen: dict[str, int] = {}
-    pairs: dict[tuple[str, str], int] = {}
-    full, flow = nx.DiGraph(), nx.DiGraph()
-    full.add_nodes_from(where)
-    flow.add_nodes_from(where)
-    for i, e in edges:
-        if e.id in seen:
-            add(f"edges[{i}].id", f"duplicate edge id {e.id!r} (first at edges[{seen[e.id]}])")
-        if (e.source, e.target) in pairs:
-            add(f"edges[{i}]", f"duplicate edge from {e.source!r} to {e.target!r} "
-                               f"(first at edges[{pairs[e.source, e.target]}])")
-        seen.setdefault(e.id, i)
-        pairs.setdefault((e.source, e.target), i)
-        for end in ("source", "target"):
-            if getattr(e, end) not in where:
-                add(f"edges[{i}].{end}", f"{end} {getattr(e, end)!r} not found")
-        if e.source in where and e.target in where:
-            full.add_edge(e.source, e.target)
-            if not e.is_loop_edge:
-                flow.add_edge(e.source, e.target)
-    if entry is not None and entry not in where:
-        add("entry_point", f"entry point {entry!r} not found")
-    for i, x in enumerate(given):
-        if x not in where:
-            add(f"exit_points[{i}]", f"exit point {x!r} not found")
-    exits = list(given) or [n for n in where if full.out_degree(n) == 0]
-    if not exits:
-        add("exit_points", "no exit points found (no terminal nodes)")
-    for cycle in itertools.islice(nx.simple_cycles(flow), 10):
-        first = min(range(len(cycle)), key=lambda k: where[cycle[k]])  # a stable start
-        cycle = cycle[first:] + cycle[:first]
-        add("edges", f"cycle without loop control: {' -> '.join([*cycle, cycle[0]])}")
-    types = {node.id: node.type for _, node in nodes}
-    bodies: dict[str, set[str]] = {}
-    for i, e in edges:
-        if not e.is_loop_edge or e.source not in where or e.target not in where:
-            continue
-        if not nx.has_path(flow, e.target, e.source):
-            add(f"edges[{i}].is_loop_edge",
-                f"{e.target!r} does not lead back to {e.source!r}: not a loop")
-        elif types.get(e.source, "branch") != "branch":
-            path = " -> ".join([*nx.shortest_path(flow, e.target, e.source), e.target])
-            add(f"edges[{i}]", f"cycle without loop control: {path} (a loop edge must start "
-                               "at a branch node, whose max_iterations bounds it)")
-        else:
-            bodies[e.id] = _body(flow, e)
-    for (a, body_a), (b, body_b) in itertools.combinations(bodies.items(), 2):
-        if body_a & body_b and not (body_a <= body_b or body_b <= body_a):
-            add("edges", f"the loops of edges {a!r} and {b!r} overlap without nesting")
-    if reach and entry in where:
-        reached = nx.descendants(full, entry) | {entry}
-        for n in where:
-            if n not in reached:
-                add(f"nodes[{where[n]}]", f"node {n!r} cannot be reached from the entry "
-                                          f"point {entry!r}")
-    for i, node in nodes:
-        _node_problems(node, f"nodes[{i}]", pairs, full, tools, add)
-    return exits
-
-
-def _node_problems(node: Node, at: str, pairs: dict[Any, int], full: nx.DiGraph, tools: Any,
-                   add: Any) -> None:
-    def tool(path: str, name: str, what: str) -> None:
-        if tools is not None and name not in tools:
-            add(f"{at}.{path}", f"unknown {what} {name!r} (no tool of that name)")
-
-    if node.type == "merge" and full.in_degree(node.id) < 2:
-        add(at, f"merge node {node.id!r} should have at least 2 incoming edges "
-                f"(has {full.in_degree(node.id)})")
-    if node.task_config is not None:
-        task = node.task_config
-        tool("task_config.role", task.role, "role")
-        for k, gate in enumerate(task.gates):
-            tool(f"task_config.gates[{k}]", gate, "gate type")
-        if task.compensate is not None:
-            if task.compensate.tool is not None:
-                tool("task_config.compensate.tool", task.compensate.tool, "tool")
-            for msg in expressions.check_template(task.compensate.parameters):
-                add(f"{at}.task_config.compensate.parameters", msg)
-    if node.gate_config is not None:
-        tool("gate_config.gate_type", node.gate_config.gate_type, "gate type")
-    targets = []
-    if node.branch_config is not None:
-        targets = [("branch_config.on_true", node.branch_config.on_true),
-                   ("branch_config.on_false", node.branch_config.on_false)]
-    if node.parallel_config is not None:
-        targets = [(f"parallel_config.branches[{k}]", b)
-                   for k, b in enumerate(node.parallel_config.branches)]
-    for path, target in targets:
-        if target not in full:
-            add(f"{at}.{path}", f"node {target!r} not found")
-        elif (node.id, target) not in pairs:
-            add(f"{at}.{path}", f"no edge from {node.id!r} to {target!r}")
-
-
-def _body(flow: nx.DiGraph, e: Edge) -> set[str]:
-    """The nodes a loop edge re-runs: on a path from its target back to its source."""
-    return (set(nx.descendants(flow, e.target)) | {e.target}) & \
-        (set(nx.ancestors(flow, e.source)) | {e.source})
 
 
 def _step(model: WorkflowGraph, node: Node) -> Step:
@@ -458,6 +182,11 @@ def _step(model: WorkflowGraph, node: Node) -> Step:
     return Step(**base, tool="noop", confirm=title)
 
 
+def gate_step_id(node_id: str, gate: str) -> str:
+    """The step that runs gate ``gate`` of task ``node_id``."""
+    return f"{node_id}.{gate}"
+
+
 @dataclass(frozen=True)
 class GraphPlan(Plan):
     """A compiled graph: the Plan interface (``graph`` holds the non-loop edges, so levels
@@ -465,6 +194,24 @@ class GraphPlan(Plan):
     for its scheduler (:mod:`saga.scheduler.graph`)."""
 
     model: WorkflowGraph
+
+    def step(self, step_id: str) -> Step:
+        """The step of a node, or of one of a task's gates (``fix.lint_gate``)."""
+        gate = self.gate_steps.get(step_id)
+        return gate if gate is not None else super().step(step_id)
+
+    @functools.cached_property
+    def gate_steps(self) -> dict[str, Step]:
+        """The steps that run a task's ``gates`` after it, by id: ``<node>.<gate>`` (a
+        node id has no dot), each failing unless its gate answers ``passed: true``."""
+        steps = {}
+        for node in self.model.nodes:
+            for gate in node.task_config.gates if node.task_config is not None else []:
+                step = Step(id="gate", tool=gate, expect="output.passed == True",
+                            description=f"gate {gate} of task {node.id}")
+                steps[gate_step_id(node.id, gate)] = step.model_copy(
+                    update={"id": gate_step_id(node.id, gate)})
+        return steps
 
     def record(self) -> dict[str, Any]:
         """The normalised graph (exit points filled in) as recorded in ``RunStarted``."""
@@ -486,7 +233,37 @@ class GraphPlan(Plan):
                 for n in self.nodes}
 
     @functools.cached_property
+    def auto_approved(self) -> dict[str, tuple[str, ...]]:
+        """Human nodes that ``auto_approve`` gates vouch for, with those gates."""
+        return auto_approvers(self.model.nodes, self.model.edges)
+
+    @functools.cached_property
+    def joins(self) -> dict[str, tuple[str, frozenset[str]]]:
+        """Each parallel node with ``wait_for: any|first``: where its branches meet (a
+        merge node, which then goes on with the first branch to arrive) and the nodes
+        between (its branches, which ``first`` cancels once the merge went on)."""
+        order = {node.id: i for i, node in enumerate(self.model.nodes)}
+        joins = {}
+        for node in self.model.nodes:
+            config = node.parallel_config
+            if config is None or config.wait_for == "all":
+                continue
+            join = meeting_point(self.graph, config.branches, order)
+            assert join is not None  # checked by validation
+            between = set(nx.descendants(self.graph, node.id)) & set(
+                nx.ancestors(self.graph, join))
+            joins[node.id] = (join, frozenset(between))
+        return joins
+
+    def wait_rule(self, node_id: str) -> str:
+        """``all`` or ``any``: which incoming edges a node waits for (a merge where the
+        branches of a ``wait_for: any|first`` parallel node meet waits for any)."""
+        if any(join == node_id for join, _ in self.joins.values()):
+            return "any"
+        return self.nodes[node_id].wait_rule
+
+    @functools.cached_property
     def loops(self) -> dict[str, tuple[Edge, frozenset[str]]]:
         """Each loop edge with its body, by edge id."""
-        return {e.id: (e, frozenset(_body(self.graph, e)))
+        return {e.id: (e, frozenset(body(self.graph, e)))
                 for e in self.model.edges if e.is_loop_edge}

@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from saga.composition import task_template
 from saga.composition.graph_form import (
     Edge,
     GraphPlan,
@@ -18,6 +19,7 @@ from saga.composition.graph_form import (
     MergeNodeConfig,
     Node,
     TransitionCondition,
+    gate_step_id,
 )
 from saga.domain import Run, child_run_id, step_key
 from saga.scheduler.actions import (
@@ -139,6 +141,12 @@ class _Decision:
     def edge(self, e: Edge) -> tuple[str, str]:
         """``live``, ``dead`` (with why) or ``open``, for the source's current instance."""
         s = self.state(e.source)
+        gates, failing = self.gates(e.source)
+        if s["status"] == "completed" and gates == "failed":
+            return "dead", f"edge {e.id}: upstream node {e.source!r} failed its gate " \
+                           f"{failing!r}"
+        if s["status"] == "completed" and gates == "open":
+            return "open", ""
         if s["status"] == "completed":
             if self.fires(e, s["output"]):
                 return "live", ""
@@ -154,7 +162,7 @@ class _Decision:
 
     def incoming(self, v: str, i: int) -> tuple[str, list[Contribution], str]:
         """(``ready``/``wait``/``skip``, what flows in, why skipped) for instance i of v."""
-        node, plan = self.plan.nodes[v], self.plan
+        plan = self.plan
         live: list[Contribution] = []
         if v == plan.model.entry_point:
             live.append(("input", self.run.inputs.get("input", self.run.inputs), None))
@@ -174,7 +182,7 @@ class _Decision:
         for e in plan.incoming[v]:
             status, why = self.edge(e)
             # Under `any`, a re-run waits for its own body, not for edges fired long ago.
-            counts = inside is None or e.source in inside or node.wait_rule == "all"
+            counts = inside is None or e.source in inside or plan.wait_rule(v) == "all"
             if status == "live":
                 s = self.state(e.source)
                 live.append((e.source, self.data(e.source, s["output"], e),
@@ -185,7 +193,7 @@ class _Decision:
             elif status == "open" and counts:
                 waiting = True
         live += [activator] if activator else []
-        if node.wait_rule == "all":
+        if plan.wait_rule(v) == "all":
             if dead:
                 return "skip", live, "; ".join(dead)
             return ("wait" if waiting else "ready"), live, ""
@@ -212,6 +220,10 @@ class _Decision:
             # A failure decided here, before any call, is decided again on a redrive.
             redo = retry_pending(state) and "parameters" not in state
             if state["status"] != "pending" and not redo:
+                gate = self.next_gate(v)
+                if gate is not None and slots > 0:
+                    slots -= 1
+                    starts.append(gate)
                 continue
             action = self.ready(v, self.index[v])
             if isinstance(action, StartStep):
@@ -230,6 +242,9 @@ class _Decision:
 
     def ready(self, v: str, i: int) -> Action | None:
         """What to do with a pending instance: start, decide, skip it, or wait (None)."""
+        cancelled = self.cancelled(v)
+        if cancelled is not None:
+            return SkipStep(v, i, cancelled)
         status, live, reason = self.incoming(v, i)
         if status != "ready":
             return SkipStep(v, i, reason) if status == "skip" else None
@@ -239,12 +254,17 @@ class _Decision:
             task = node.task_config
             text = data if isinstance(data, str) else json.dumps(
                 data, sort_keys=True, ensure_ascii=False, default=str)
-            params: dict[str, Any] = {"task": task.task_template.replace("{input}", text)}
-            params.update({k: x for k, x in (("gates", task.gates),
-                                             ("worktree_id", task.worktree_id)) if x})
+            try:
+                rendered = task_template.render(task.task_template, text, self.fields(live))
+            except task_template.TemplateFieldError as e:
+                return FailStep(node.id, i, 1, "TemplateError", f"task_template: {e}")
+            params: dict[str, Any] = {"task": rendered}
+            if task.worktree_id:
+                params["worktree_id"] = task.worktree_id
             return StartStep(node.id, i, 1, params)
         if node.gate_config is not None:
-            return StartStep(node.id, i, 1, {"input": data})
+            extra = {} if node.gate_config.requires_worktree else {"requires_worktree": False}
+            return StartStep(node.id, i, 1, {"input": data, **extra})
         if node.subgraph_config is not None:
             return self.subgraph(node, i, data)
         if node.branch_config is not None:
@@ -256,6 +276,66 @@ class _Decision:
         else:
             output = self.merge(node, live)
         return CompleteStep(node.id, i, output)
+
+    def gates(self, v: str) -> tuple[str, str | None]:
+        """A completed task's gates, at its current instance: ``completed`` (all passed),
+        ``failed`` (with the gate that failed for good) or ``open``."""
+        node = self.plan.nodes[v]
+        for gate in node.task_config.gates if node.task_config is not None else []:
+            s = self.state(gate_step_id(v, gate), self.index[v])
+            if s["status"] == "failed" and not retry_pending(s):
+                return "failed", gate
+            if s["status"] != "completed":
+                return "open", None
+        return "completed", None
+
+    def next_gate(self, v: str) -> StartStep | None:
+        """Start the next gate of a task that completed: after the task, one at a time,
+        in the order listed, each given the task's output (and worktree)."""
+        state = self.state(v)
+        node = self.plan.nodes[v]
+        if state["status"] != "completed" or node.task_config is None:
+            return None
+        for gate in node.task_config.gates:
+            s = self.state(gate_step_id(v, gate), self.index[v])
+            if s["status"] == "completed":
+                continue
+            if s["status"] != "pending":
+                return None
+            params: dict[str, Any] = {"input": state["output"]}
+            if node.task_config.worktree_id:
+                params["worktree_id"] = node.task_config.worktree_id
+            return StartStep(gate_step_id(v, gate), self.index[v], 1, params)
+        return None
+
+    def cancelled(self, v: str) -> str | None:
+        """Why a pending node is cancelled: it lies on a branch of a ``wait_for: first``
+        parallel node whose merge already went on with another branch."""
+        for p, (join, between) in self.plan.joins.items():
+            config = self.plan.nodes[p].parallel_config
+            if v not in between or config is None or config.wait_for != "first":
+                continue
+            fan, met = self.state(p), self.state(join)
+            if fan["status"] == met["status"] == "completed" and \
+                    self.position.get(step_key(join, met["iteration"]), -1) > \
+                    self.position.get(step_key(p, fan["iteration"]), -1):
+                return f"cancelled: {join!r} went on with the first branch of parallel " \
+                       f"{p!r} to finish (wait_for: first)"
+        return None
+
+    def fields(self, live: list[Contribution]) -> dict[str, Any]:
+        """The fields a task_template may name, as seed 004's ``input_data`` holds them:
+        the run inputs (for the entry node), then each dict that arrived, field by field
+        (later edges win), and anything else under its source's id."""
+        fields: dict[str, Any] = {}
+        for name, value, key in live:
+            if key is None and name == "input":
+                fields.update(self.run.inputs)
+            elif isinstance(value, dict):
+                fields.update(value)
+            else:
+                fields[name] = value
+        return fields
 
     def subgraph(self, node: Node, i: int, data: Any) -> Action:
         config = node.subgraph_config
@@ -313,6 +393,14 @@ class _Decision:
         assert config is not None
         key = step_key(node.id, i)
         approval = self.run.approvals.get(key)
+        gates = self.plan.auto_approved.get(node.id, ())
+        if approval is None and gates and all(
+                self.state(g)["status"] == "completed"
+                and (self.state(g).get("output") or {}).get("passed") is True for g in gates):
+            return CompleteStep(node.id, i, {
+                "approved": True, "actor": "auto",
+                "comment": f"auto_approve: gate{'s' if len(gates) > 1 else ''} "
+                           f"{', '.join(gates)} passed", "input": data})
         if approval is None:
             text = f"{config.title}: {config.description}" if config.description else config.title
             return RequestApproval(key, text)

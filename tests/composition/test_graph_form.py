@@ -16,7 +16,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from saga import Saga, scheduler
+from saga import Saga, diagram, scheduler
 from saga.cli import main
 from saga.composition import compile_any
 from saga.composition.definition import load_file
@@ -500,3 +500,248 @@ def test_a_worker_killed_in_the_middle_of_the_loop_ends_the_same(
             check_history(saga, run.run_id)
             effects = Counter(json.loads(line)["key"] for line in log.read_text().splitlines())
             assert all(n == 1 for n in effects.values()), effects
+
+
+# -- seed 004 to the letter ------------------------------------------------------------------
+
+def test_subgraph_problems_are_reported_at_graph_paths(saga: Saga, tmp_path: Path) -> None:
+    doc = graph([task("a"),
+                 {"id": "sub", "type": "subgraph",
+                  "subgraph_config": {"workflow_name": "no-such-composition.yaml"}},
+                 {"id": "ask", "type": "subgraph",
+                  "subgraph_config": {"workflow_name": str(REVIEW)}}],
+                [("a", "sub"), ("sub", "ask")])
+    with pytest.raises(DefinitionError) as caught:
+        saga.load(doc)
+    paths = [p.path for p in caught.value.problems]
+    assert paths == ["nodes[1].subgraph_config.workflow_name",
+                     "nodes[2].subgraph_config.workflow_name"]
+    assert "no composition file or template 'no-such-composition.yaml'" in \
+        caught.value.problems[0].message
+    assert "waits for approvals" in caught.value.problems[1].message
+    broken = yaml.safe_load(DEBUG.read_text())
+    broken["nodes"][0]["task_config"]["role"] = "nobody"
+    child = tmp_path / "child-graph.yaml"
+    child.write_text(yaml.safe_dump(broken))
+    doc["nodes"][1]["subgraph_config"]["workflow_name"] = str(child)
+    doc["nodes"][2]["subgraph_config"]["workflow_name"] = CHILD
+    with pytest.raises(DefinitionError) as caught:
+        saga.load(doc)
+    assert [str(p) for p in caught.value.problems] == [
+        "nodes[1].subgraph_config.workflow_name: nodes[0].task_config.role: unknown role "
+        "'nobody' (no tool of that name)"]
+
+
+def test_saga_graph_labels_nodes_by_their_type(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        main, ["graph", str(REVIEW), "--tools", "tests.standins.graph_standins"],
+        env={"SAGA_HOME": str(tmp_path), "SAGA_TOOLS": None, "SAGA_DATABASE_URL": None})
+    assert result.exit_code == 0, result.output
+    assert "noop" not in result.output
+    for label in ['n0["implement: task implementer"]', 'n1["split: parallel (wait for all)"]',
+                  'n2["lint: gate lint_gate"]', 'n5["join: merge all, union"]',
+                  '''n6["review: human 'Approve Changes'"]''']:
+        assert label in result.output
+    plan = compile_graph(load_file(DEBUG))
+    assert '"check" [label="check: branch test_status == \'passed\'"];' in diagram.dot(plan)
+    kinds = {n["id"]: n["kind"] for n in diagram.layout(plan)["nodes"]}
+    assert kinds == {"analyze": "task", "fix": "task", "test": "gate", "check": "branch",
+                     "review": "task"}
+
+
+def test_task_template_fills_fields_from_the_input_as_str_format_does(saga: Saga) -> None:
+    doc = graph([task("analyze", "debugger", "Look at {service} in {env}: {input}"),
+                 task("fix", "implementer", "Fix {analysis!r} ({task:.9}) {{literal}}"),
+                 task("review", "reviewer", "Review {change}"),
+                 {**task("sum", "reviewer", "From {change} and {analysis}"),
+                  "wait_for_incoming": "all"}],
+                [("analyze", "fix"), ("fix", "review"), ("fix", "sum"), ("analyze", "sum")])
+    run = saga.run(saga.load(doc), {"service": "billing", "env": "prod"})
+    assert run.status == "completed", run.error
+    tasks = {c["step"]: c["params"]["task"] for c in standins.CALLS}
+    assert tasks["analyze"] == ('Look at billing in prod: {"env": "prod", '
+                                '"service": "billing"}')
+    assert tasks["fix"] == "Fix 'cause found in pass 0' (Look at b) {literal}"
+    assert tasks["review"] == "Review fix-0"
+    assert tasks["sum"] == "From fix-0 and cause found in pass 0"  # both sources' fields
+
+
+def test_a_missing_template_field_fails_the_task_before_the_call(saga: Saga) -> None:
+    doc = graph([task("a", "debugger"), task("b", "implementer", "Fix {diagnosis}")],
+                [("a", "b")])
+    run = saga.run(saga.load(doc), {"input": "x"})
+    assert run.status == "failed" and run.failed_step == "b"
+    assert run.error["type"] == "TemplateError"
+    assert run.error["message"] == ("task_template: no field 'diagnosis' in the node's input "
+                                    "(fields: analysis, task)")
+    assert not calls("implementer")
+
+
+def test_task_template_problems_are_found_at_validation() -> None:
+    doc = graph([task("a", template="Use {} and {0}"), task("b", template="{x.__class__}"),
+                 task("c", template="unclosed {input"), task("d", template="{known} {other}")],
+                [("a", "b"), ("b", "c"), {"source": "c", "target": "d",
+                                           "data_mapping": {"known": "change"}}])
+    assert problems(doc) == [
+        "nodes[0].task_config.task_template: {}: positional fields are not allowed; name a "
+        "field of the node's input, or {input}",
+        "nodes[0].task_config.task_template: {0}: positional fields are not allowed; name a "
+        "field of the node's input, or {input}",
+        "nodes[1].task_config.task_template: {x.__class__}: attribute access is not allowed; "
+        "index with {x[key]}",
+        "nodes[2].task_config.task_template: expected '}' before end of string (write a "
+        "literal brace as {{ or }})",
+        "nodes[3].task_config.task_template: {other}: no edge into 'd' maps a field 'other' "
+        "(they map: known)"]
+
+
+def review_with(**gate_config: Any) -> dict[str, Any]:
+    """The parallel review with extra gate_config on its three gates."""
+    doc = yaml.safe_load(REVIEW.read_text())
+    for node in doc["nodes"]:
+        if node["type"] == "gate":
+            node["gate_config"].update(gate_config)
+    return doc
+
+
+def test_gates_with_auto_approve_approve_the_human_node_they_feed(saga: Saga) -> None:
+    run = saga.run(saga.load(review_with(auto_approve=True)), {"input": "billing export"})
+    assert run.status == "completed", run.error
+    assert not run.approvals and not run.pending_approvals
+    assert run.steps["review"]["output"] == {
+        "approved": True, "actor": "auto",
+        "comment": "auto_approve: gates lint, test, security passed",
+        "input": run.steps["join"]["output"]}
+    assert run.outputs["merge"]["change"] == "merge-0"
+    assert "requires_worktree" not in calls("lint_gate")[0]["params"]  # the default: true
+    recorded = [e["payload"] for e in saga.history(run.run_id)
+                if e["type"] == "StepCompleted" and e["step_id"] == "review"]
+    assert recorded[0]["output"]["actor"] == "auto"
+
+
+def test_auto_approve_that_would_be_ignored_is_refused() -> None:
+    doc = yaml.safe_load(REVIEW.read_text())
+    doc["nodes"][2]["gate_config"]["auto_approve"] = True  # lint only
+    assert problems(doc) == [
+        "nodes[2].gate_config.auto_approve: auto_approve has no effect: human node 'review' "
+        "also waits on 'security', 'test', not gates with auto_approve, so a person is "
+        "always asked"]
+    alone = graph([task("a"), {"id": "g", "type": "gate",
+                               "gate_config": {"gate_type": "lint_gate", "auto_approve": True}}],
+                  [("a", "g")])
+    assert problems(alone) == [
+        "nodes[1].gate_config.auto_approve: auto_approve has no effect: no human node follows "
+        "gate 'g' (directly or through merge and parallel nodes)"]
+
+
+def fan_out(split_waits_for: str, **merge_config: Any) -> dict[str, Any]:
+    """split -> a, b, c -> join -> after, one node at a time (a starts first)."""
+    join: dict[str, Any] = {"id": "join", "type": "merge"}
+    if merge_config:
+        join["merge_config"] = merge_config
+    return graph([{"id": "split", "type": "parallel",
+                   "parallel_config": {"branches": ["a", "b", "c"],
+                                       "wait_for": split_waits_for}},
+                  task("a", "debugger"), task("b", "implementer"), task("c", "reviewer"),
+                  join, task("after", "reviewer", "After {input}")],
+                 [("split", "a"), ("split", "b"), ("split", "c"), ("a", "join"),
+                  ("b", "join"), ("c", "join"), ("join", "after")],
+                 config={"max_parallel_nodes": 1})
+
+
+def test_parallel_wait_for_any_goes_on_with_the_first_branch(saga: Saga) -> None:
+    run = saga.run(saga.load(fan_out("any")), {"input": "go"})
+    assert run.status == "completed", run.error
+    assert run.completion_order[:3] == ["split", "a", "join"]  # did not wait for b and c
+    assert run.steps["join"]["output"] == run.steps["a"]["output"]
+    assert {c["step"] for c in standins.CALLS} == {"a", "b", "c", "after"}  # the rest ran
+    assert run.steps["b"]["status"] == run.steps["c"]["status"] == "completed"
+    assert calls("reviewer")[-1]["params"]["task"].startswith('After {"analysis"')
+
+
+def test_parallel_wait_for_first_cancels_the_other_branches(saga: Saga) -> None:
+    run = saga.run(saga.load(fan_out("first")), {"input": "go"})
+    assert run.status == "completed", run.error
+    assert run.steps["join"]["output"] == run.steps["a"]["output"]
+    reason = ("cancelled: 'join' went on with the first branch of parallel 'split' to "
+              "finish (wait_for: first)")
+    assert {k: s.get("reason") for k, s in run.steps.items() if s["status"] == "skipped"} == {
+        "b": reason, "c": reason}
+    assert [c["step"] for c in standins.CALLS] == ["a", "after"]
+    assert run.outputs == {"after": run.steps["after"]["output"]}
+
+
+def test_parallel_wait_for_all_stays_the_default(saga: Saga) -> None:
+    run = saga.run(saga.load(fan_out("all")), {"input": "go"})
+    assert run.completion_order[:5] == ["split", "a", "b", "c", "join"]
+    assert set(run.steps["join"]["output"]) == {"analysis", "change", "task", "verdict"}
+
+
+def test_parallel_wait_for_needs_a_merge_where_the_branches_meet() -> None:
+    assert problems(fan_out("first", wait_for="all")) == [
+        "nodes[4].merge_config.wait_for: 'all' contradicts parallel 'split' (wait_for: "
+        "'first'), whose branches meet here: leave it out or say 'any'"]
+    doc = fan_out("any")
+    doc["nodes"][4] = task("join")
+    assert problems(doc) == [
+        "nodes[0].parallel_config.wait_for: wait_for 'any' needs the branches to meet at a "
+        "merge node; they first meet at 'join', a task node"]
+    doc["edges"] = doc["edges"][:3]
+    doc["nodes"] = doc["nodes"][:4]
+    assert problems(doc) == [
+        "nodes[0].parallel_config.wait_for: wait_for 'any' needs the branches to meet at a "
+        "merge node (they never meet)"]
+
+
+def gated(**config: Any) -> dict[str, Any]:
+    """a -> fix (gates lint_gate, test_gate; undone by `undo`) -> after."""
+    return graph([task("a", "debugger"),
+                  task("fix", gates=["lint_gate", "test_gate"], worktree_id="wt-1",
+                       compensate={"tool": "undo", "args": {"what": "{{ output.change }}"}}),
+                  task("after", "reviewer", "After {change}")],
+                 [("a", "fix"), ("fix", "after")], config=config)
+
+
+def test_task_gates_run_after_the_task_as_steps_of_their_own(saga: Saga) -> None:
+    run = saga.run(saga.load(gated()), {"input": "go"})
+    assert run.status == "completed", run.error
+    assert [c["step"] for c in standins.CALLS] == [
+        "a", "fix", "fix.lint_gate", "fix.test_gate", "after"]
+    assert "gates" not in calls("implementer")[0]["params"]  # the gates are not the role's
+    fix = run.steps["fix"]["output"]
+    assert calls("lint_gate")[0]["params"] == {"input": fix, "worktree_id": "wt-1"}
+    assert run.steps["fix.test_gate"]["output"] == {"passed": True, "test_status": "passed",
+                                                    "tests": 12}
+    assert calls("reviewer")[0]["params"]["task"] == "After fix-0"  # the task's output flows
+    gate_events = [(e["type"], e["step_id"]) for e in saga.history(run.run_id)
+                   if "." in e.get("step_id", "")]
+    assert gate_events == [("StepStarted", "fix.lint_gate"), ("StepCompleted", "fix.lint_gate"),
+                           ("StepStarted", "fix.test_gate"), ("StepCompleted", "fix.test_gate")]
+
+
+def test_a_failing_task_gate_fails_the_task_and_undoes_it(
+        saga: Saga, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GRAPH_FAILING_GATES", "lint_gate")
+    run = saga.run(saga.load(gated()), {"input": "go"})
+    assert run.status == "compensated"
+    assert run.failed_step == "fix.lint_gate" and run.error["type"] == "ExpectationFailed"
+    assert run.steps["fix.lint_gate"]["output"] is None
+    assert [c["params"] for c in calls("undo")] == [{"what": "fix-0"}]
+    assert not calls("test_gate") and not calls("reviewer")
+    run = saga.run(saga.load(gated(fail_fast=False)), {"input": "go"})
+    assert run.status == "compensated"  # what ran is undone after the rest was decided
+    assert run.steps["after"]["reason"] == \
+        "no incoming edge can fire: edge e2: upstream node 'fix' failed its gate 'lint_gate'"
+
+
+def test_a_gate_listed_twice_is_refused() -> None:
+    doc = graph([task("a", gates=["lint_gate", "lint_gate"])], [])
+    assert problems(doc) == [
+        "nodes[0].task_config.gates[1]: gate 'lint_gate' is listed twice (first at gates[0])"]
+
+
+def test_a_gate_that_needs_no_worktree_is_told_so(saga: Saga) -> None:
+    doc = graph([task("a"), {"id": "g", "type": "gate", "gate_config": {
+        "gate_type": "lint_gate", "requires_worktree": False}}], [("a", "g")])
+    assert saga.run(saga.load(doc), {"input": "x"}).status == "completed"
+    assert calls("lint_gate")[0]["params"]["requires_worktree"] is False
