@@ -371,6 +371,10 @@ def _call(params: dict[str, Any], ctx: Any) -> None:
     """The function behind the tools below (never called: compiling runs nothing)."""
 
 
+def _undo(params: dict[str, Any], output: Any, ctx: Any) -> None:
+    """The compensation behind the tools below (never called either)."""
+
+
 @dataclass(frozen=True)
 class SchemaTool(Tool):
     """A registered tool that also checks its parameters, as compile_plan allows."""
@@ -382,7 +386,7 @@ class SchemaTool(Tool):
 
 
 def test_compensate_true_needs_a_tool_with_its_own_compensation() -> None:
-    tools = {"save": Tool("save", _call, compensate=_call), "plain": Tool("plain", _call)}
+    tools = {"save": Tool("save", _call, compensate=_undo), "plain": Tool("plain", _call)}
     data = steps({"id": "a", "tool": "save", "compensate": True},
                  {"id": "b", "tool": "plain", "compensate": True},
                  {"id": "c", "tool": "plain", "compensate": "save"})
