@@ -28,11 +28,12 @@ from saga.cli.runs import _parse_inputs
 @click.option("--poll", type=click.FloatRange(0.05, 60), default=0.5, show_default=True,
               help="Seconds between looks for new work.")
 @tools_option
+@click.option("--json", "as_json", is_flag=True,
+              help="When it stops, print what it did as JSON (worker, store, drives).")
 def worker(concurrency: int, until_idle: bool, worker_id: str | None,
-           lease_seconds: float | None, poll: float, tools: tuple[str, ...]) -> None:
+           lease_seconds: float | None, poll: float, tools: tuple[str, ...],
+           as_json: bool) -> None:
     """Claim runnable runs and drive them (new, interrupted, approved, redriven)."""
-
-
     saga = _saga(tools)
     saga.sync_schedules()
     stopping: list[int] = []
@@ -45,6 +46,9 @@ def worker(concurrency: int, until_idle: bool, worker_id: str | None,
     except KeyboardInterrupt:
         driven = w.driven
     click.echo(f"worker {w.worker_id} stopped after {driven} drives", err=True)
+    if as_json:
+        _emit_json({"worker": w.worker_id, "store": saga.settings.store_description,
+                    "drives": driven})
 
 
 @main.group()
@@ -55,27 +59,37 @@ def projection() -> None:
 @projection.command(name="run")
 @click.option("--follow", is_flag=True, help="Keep applying new events until interrupted.")
 @click.option("--poll", type=click.FloatRange(0.05, 60), default=0.5, show_default=True)
-def projection_run(follow: bool, poll: float) -> None:
+@json_option
+def projection_run(follow: bool, poll: float, as_json: bool) -> None:
     """Apply the events the read model has not seen yet (and, with --follow, keep going)."""
-
-
     saga = _saga()
     applied = saga.projection.catch_up()
-    click.echo(f"applied {applied} events; position {saga.projection.position()}", err=True)
+    position = saga.projection.position()
+    if not as_json:
+        click.echo(f"applied {applied} events; position {position}", err=True)
     if follow:
         stopping: list[int] = []
         signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
         with contextlib.suppress(KeyboardInterrupt):
             saga.projection.follow(poll_interval=poll, stop=lambda: bool(stopping))
-        click.echo(f"stopped at position {saga.projection.position()}", err=True)
+        position = saga.projection.position()
+        if not as_json:
+            click.echo(f"stopped at position {position}", err=True)
+    if as_json:
+        _emit_json({"applied": applied, "position": position, "followed": follow})
 
 
 @projection.command(name="rebuild")
-def projection_rebuild() -> None:
+@json_option
+def projection_rebuild(as_json: bool) -> None:
     """Drop the read model and rebuild it from the first event."""
     saga = _saga()
     applied = saga.projection.rebuild()
-    click.echo(f"rebuilt from {applied} events; position {saga.projection.position()}")
+    position = saga.projection.position()
+    if as_json:
+        _emit_json({"rebuilt_from": applied, "position": position})
+    else:
+        click.echo(f"rebuilt from {applied} events; position {position}")
 
 
 @main.group()
@@ -84,12 +98,17 @@ def db() -> None:
 
 
 @db.command(name="init")
-def db_init() -> None:
+@json_option
+def db_init(as_json: bool) -> None:
     """Create every table once (run it before starting many workers at once)."""
     saga = _saga()
     saga.leases  # noqa: B018 - creating the store and its side tables is the point
     saga.projection.create_tables()
-    click.echo(f"initialised {saga.settings.store_description}")
+    if as_json:
+        _emit_json({"initialised": True, "store": saga.settings.store_description,
+                    "position": saga.projection.position()})
+    else:
+        click.echo(f"initialised {saga.settings.store_description}")
 
 
 @main.group()
@@ -153,14 +172,21 @@ def schedule_list(as_json: bool) -> None:
 def _schedule_command(name: str, doc: str) -> None:
     @schedule.command(name=name, help=doc)
     @click.argument("schedule_name")
-    def command(schedule_name: str) -> None:
+    @json_option
+    def command(schedule_name: str, as_json: bool) -> None:
         schedules = _saga().schedules
         if name == "remove":
             schedules.remove(schedule_name)
-            click.echo(f"schedule {schedule_name} removed")
+            if as_json:
+                _emit_json({"name": schedule_name, "removed": True})
+            else:
+                click.echo(f"schedule {schedule_name} removed")
+            return
+        changed = schedules.set_paused(schedule_name, name == "pause")
+        done = {"pause": "paused", "resume": "resumed"}[name]
+        if as_json:
+            _emit_json(changed.to_json())
         else:
-            changed = schedules.set_paused(schedule_name, name == "pause")
-            done = {"pause": "paused", "resume": "resumed"}[name]
             click.echo(f"schedule {schedule_name} {done}; next run at {changed.next_due}")
 
 

@@ -381,11 +381,17 @@ def _decision_command(name: str, approved: bool, doc: str) -> None:
     @click.argument("step_id")
     @click.option("--comment", help="Recorded with the decision.")
     @click.option("--actor", help="Who decides (default: SAGA_ACTOR or the OS user).")
-    def command(run_id: str, step_id: str, comment: str | None, actor: str | None) -> None:
+    @json_option
+    def command(run_id: str, step_id: str, comment: str | None, actor: str | None,
+                as_json: bool) -> None:
         s = _saga()
         decide = s.approve if approved else s.reject
         run = decide(run_id, step_id, actor=actor, comment=comment)
         done = {"approve": "approved", "reject": "rejected"}[name]
+        if as_json:
+            _emit_json({"run_id": run.run_id, "step_id": step_id, "decision": done,
+                        "status": run.status})
+            return
         click.echo(f"{step_id} {done} on run {run.run_id}; continue it with: "
                    f"saga resume {run.run_id}")
 
