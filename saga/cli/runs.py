@@ -50,7 +50,8 @@ def validate(file: str, tools: tuple[str, ...], as_json: bool) -> None:
         sys.exit(e.exit_code)
     levels, critical, undo = plan.levels(), plan.critical_path(), plan.rollback_plan()
     if as_json:
-        _emit_json({"valid": True, "name": plan.definition.name, "levels": levels,
+        _emit_json({"valid": True, "definition": plan.definition.name,
+                    "name": plan.definition.name, "levels": levels,
                     "critical_path": critical, "steps": len(plan.order), "rollback": undo})
         return
     click.echo(f"{file}: valid ({len(plan.order)} steps)")
@@ -127,7 +128,8 @@ def _run_file(saga: Saga, file: str, options: dict[str, Any]) -> None:
                            {s.name: s for s in plan.definition.inputs})
     as_json = options["as_json"]
     if options.get("validate_only"):
-        _emit_json({"valid": True, "name": plan.definition.name}) if as_json else \
+        _emit_json({"valid": True, "definition": plan.definition.name,
+                    "name": plan.definition.name}) if as_json else \
             click.echo(f"{file}: valid ({len(plan.order)} steps); nothing was run")
         return
     if options.get("dry_run"):
@@ -171,7 +173,8 @@ def submit(file: str, **options: Any) -> None:
     run = saga.submit(plan, inputs, actor=options["actor"], options={"mode": options["mode"]},
                       run_id=options["run_id"], labels=_labels(options["label_pairs"]))
     if options["as_json"]:
-        _emit_json({"run_id": run.run_id, "status": run.status, "name": run.name})
+        _emit_json({"run_id": run.run_id, "status": run.status, "definition": run.name,
+                    "name": run.name})
     else:
         click.echo(run.run_id)
 
@@ -357,7 +360,7 @@ def list_runs(status_filter: str | None, definition: str | None, actor: str | No
         return
     click.echo(f"{'RUN':<36}  {'STATUS':<12} {'DEFINITION':<30} {'ACTOR':<12} STARTED")
     for r in runs:
-        click.echo(f"{r['run_id']:<36}  {r['status']:<12} {r['name']:<30} "
+        click.echo(f"{r['run_id']:<36}  {r['status']:<12} {r['definition']:<30} "
                    f"{(r['actor'] or '')[:12]:<12} {r['started_at']}")
 
 

@@ -42,7 +42,8 @@ def templates_list(as_json: bool) -> None:
     except SagaError:
         stats = {}
     if as_json:
-        _emit_json([info.to_json() | {"stats": stats.get(info.name)} for info in infos])
+        _emit_json([info.to_json() | {"definition": info.definition_name,
+                                      "stats": stats.get(info.name)} for info in infos])
         return
     click.echo(f"{'NAME':<28} {'CATEGORY':<12} {'RUNS':>4} {'SUCCESS':>7} {'MEAN':>7}  "
                "DESCRIPTION")
@@ -64,7 +65,7 @@ def templates_show(name: str, as_json: bool) -> None:
     info = read_template(find_template(name, saga.settings))
     stats = template_stats(saga, name)
     if as_json:
-        _emit_json(info.to_json() | {"stats": stats})
+        _emit_json(info.to_json() | {"definition": info.definition_name, "stats": stats})
         return
     click.echo(f"{info.name}: {info.title or info.definition_name}  ({info.path})")
     click.echo(f"category: {info.category}   tags: {', '.join(info.tags or [])}")

@@ -66,7 +66,7 @@ def test_projection_db_worker_and_decisions_print_json(tmp_path: Path) -> None:
     assert run(home, "db", "init", "--json")["initialised"] is True
     quick = str(ROOT / "saga" / "templates" / "quickstart.yaml")
     submitted = run(home, "submit", quick, "--json")
-    assert submitted["name"] == "quickstart"
+    assert submitted["definition"] == submitted["name"] == "quickstart"
     worked = run(home, "worker", "--until-idle", "--json")
     assert worked["drives"] >= 1 and worked["worker"]
     assert run(home, "status", submitted["run_id"], "--json")["status"] == "completed"
@@ -93,3 +93,21 @@ def test_schedule_changes_print_json(tmp_path: Path) -> None:
     assert run(home, "schedule", "resume", "ping", "--json")["paused"] is False
     assert run(home, "schedule", "remove", "ping", "--json") == {"name": "ping",
                                                                  "removed": True}
+
+
+def test_definition_is_the_composition_field_everywhere(tmp_path: Path) -> None:
+    home = tmp_path / ".saga"
+    quick = str(ROOT / "saga" / "templates" / "quickstart.yaml")
+    assert run(home, "validate", quick, "--json")["definition"] == "quickstart"
+    assert run(home, "run", quick, "--validate-only", "--json")["definition"] == "quickstart"
+    assert run(home, "run", quick, "--dry-run", "--json")["definition"] == "quickstart"
+    ran = run(home, "run", quick, "--json")
+    assert ran["definition"] == ran["name"] == "quickstart"
+    status = run(home, "status", ran["run_id"], "--json")
+    assert status["definition"] == status["name"] == "quickstart"
+    (listed,) = run(home, "list", "--json")
+    assert listed["definition"] == listed["name"] == "quickstart"
+    templates = {t["name"]: t for t in run(home, "templates", "list", "--json")}
+    assert templates["quickstart"]["definition"] == templates["quickstart"]["definition_name"]
+    shown = run(home, "templates", "show", "quickstart", "--json")
+    assert shown["definition"] == shown["definition_name"] == "quickstart"
