@@ -33,7 +33,13 @@ from saga.cli.runs import _parse_inputs
 def worker(concurrency: int, until_idle: bool, worker_id: str | None,
            lease_seconds: float | None, poll: float, tools: tuple[str, ...],
            as_json: bool) -> None:
-    """Claim runnable runs and drive them (new, interrupted, approved, redriven)."""
+    """Claim runnable runs and drive them (new, interrupted, approved, redriven).
+
+    \b
+    Example:
+      saga worker --concurrency 8 --id worker-1
+      saga worker --until-idle --json       # drain what is runnable, then exit
+    """
     saga = _saga(tools)
     saga.sync_schedules()
     stopping: list[int] = []
@@ -53,7 +59,12 @@ def worker(concurrency: int, until_idle: bool, worker_id: str | None,
 
 @main.group()
 def projection() -> None:
-    """The read model: tables saga_runs and saga_steps, maintained from the log."""
+    """The read model: tables saga_runs and saga_steps, maintained from the log.
+
+    \b
+    Example:
+      saga projection run --follow
+    """
 
 
 @projection.command(name="run")
@@ -61,7 +72,12 @@ def projection() -> None:
 @click.option("--poll", type=click.FloatRange(0.05, 60), default=0.5, show_default=True)
 @json_option
 def projection_run(follow: bool, poll: float, as_json: bool) -> None:
-    """Apply the events the read model has not seen yet (and, with --follow, keep going)."""
+    """Apply the events the read model has not seen yet (and, with --follow, keep going).
+
+    \b
+    Example:
+      saga projection run --json
+    """
     saga = _saga()
     applied = saga.projection.catch_up()
     position = saga.projection.position()
@@ -82,7 +98,12 @@ def projection_run(follow: bool, poll: float, as_json: bool) -> None:
 @projection.command(name="rebuild")
 @json_option
 def projection_rebuild(as_json: bool) -> None:
-    """Drop the read model and rebuild it from the first event."""
+    """Drop the read model and rebuild it from the first event.
+
+    \b
+    Example:
+      saga projection rebuild --json
+    """
     saga = _saga()
     applied = saga.projection.rebuild()
     position = saga.projection.position()
@@ -94,13 +115,23 @@ def projection_rebuild(as_json: bool) -> None:
 
 @main.group()
 def db() -> None:
-    """The store's tables."""
+    """The store's tables.
+
+    \b
+    Example:
+      SAGA_DATABASE_URL=postgresql://app@db:5432/saga saga db init
+    """
 
 
 @db.command(name="init")
 @json_option
 def db_init(as_json: bool) -> None:
-    """Create every table once (run it before starting many workers at once)."""
+    """Create every table once (run it before starting many workers at once).
+
+    \b
+    Example:
+      saga db init --json
+    """
     saga = _saga()
     saga.leases  # noqa: B018 - creating the store and its side tables is the point
     saga.projection.create_tables()
@@ -138,7 +169,12 @@ def schedule() -> None:
 def schedule_add(name: str, file: str, cron: str | None, every: str | None,
                  pairs: tuple[str, ...], timezone: str, catch_up: str, replace: bool,
                  tools: tuple[str, ...], as_json: bool) -> None:
-    """Add a schedule NAME that starts FILE (a file or a template's name)."""
+    """Add a schedule NAME that starts FILE (a file or a template's name).
+
+    \b
+    Example:
+      saga schedule add nightly backup.yaml --cron "0 2 * * *" -i target=db1
+    """
     saga = _saga(tools)
     plan = saga.load(file)
     inputs = _parse_inputs(pairs, None, {s.name: s for s in plan.definition.inputs})
@@ -154,7 +190,12 @@ def schedule_add(name: str, file: str, cron: str | None, every: str | None,
 @schedule.command(name="list")
 @json_option
 def schedule_list(as_json: bool) -> None:
-    """List the schedules and when each fires next."""
+    """List the schedules and when each fires next.
+
+    \b
+    Example:
+      saga schedule list --json
+    """
     rows = [s.to_json() for s in _saga().schedules.all()]
     if as_json:
         _emit_json(rows)
@@ -190,6 +231,9 @@ def _schedule_command(name: str, doc: str) -> None:
             click.echo(f"schedule {schedule_name} {done}; next run at {changed.next_due}")
 
 
-_schedule_command("remove", "Remove a schedule (the runs it started are kept).")
-_schedule_command("pause", "Stop a schedule firing until it is resumed.")
-_schedule_command("resume", "Let a paused schedule fire again (missed times are skipped).")
+_schedule_command("remove", "Remove a schedule (the runs it started are kept)."
+                           "\n\n\b\nExample:\n  saga schedule remove nightly")
+_schedule_command("pause", "Stop a schedule firing until it is resumed."
+                          "\n\n\b\nExample:\n  saga schedule pause nightly")
+_schedule_command("resume", "Let a paused schedule fire again (missed times are skipped)."
+                           "\n\n\b\nExample:\n  saga schedule resume nightly --json")

@@ -153,4 +153,10 @@ mode_option = click.option("--mode", type=click.Choice(["normal", "eco"]), defau
 @click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
 @click.version_option(package_name="saga")
 def main(debug: bool) -> None:
-    """saga: durable sagas on an event-sourced log."""
+    """saga: durable sagas on an event-sourced log.
+
+    \b
+    Example:
+      saga run quickstart                 # a three-step order saga, end to end
+      saga COMMAND --help                 # each command's options and an example
+    """
