@@ -4,6 +4,8 @@ take ``--format`` instead), and uses ``definition`` for the composition's name."
 from __future__ import annotations
 
 import json
+import sqlite3
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -111,3 +113,37 @@ def test_definition_is_the_composition_field_everywhere(tmp_path: Path) -> None:
     assert templates["quickstart"]["definition"] == templates["quickstart"]["definition_name"]
     shown = run(home, "templates", "show", "quickstart", "--json")
     assert shown["definition"] == shown["definition_name"] == "quickstart"
+
+
+FLAKY = """\
+name: json-flaky
+steps:
+  - id: flaky
+    tool: fail
+    args: {message: not yet, times: 1}
+    retry: {max_attempts: 2, delay: 1.5, backoff: fixed}
+"""
+
+
+def test_a_retried_step_shows_its_last_attempt_duration_not_the_backoff(
+        tmp_path: Path) -> None:
+    home = tmp_path / ".saga"
+    (tmp_path / "flaky.yaml").write_text(FLAKY)
+    ran = run(home, "run", str(tmp_path / "flaky.yaml"), "--json")
+    assert ran["status"] == "completed"
+    step = run(home, "status", ran["run_id"], "--json")["steps"]["flaky"]
+    assert step["attempt"] == 2
+    assert 0 <= step["duration_ms"] < 1000  # the attempt, not the 1.5 s it waited before it
+    history = run(home, "history", ran["run_id"], "--json")
+    first = next(e for e in history if e["type"] == "StepStarted")
+    done = next(e for e in history if e["type"] == "StepCompleted")
+    waited = (datetime.fromisoformat(done["timestamp"])
+              - datetime.fromisoformat(first["timestamp"])).total_seconds()
+    assert waited >= 1.5  # what the old fold reported
+    recorded = done["payload"]["duration_ms"]  # 0 for a call under a millisecond: then
+    assert step["duration_ms"] == recorded if recorded else step["duration_ms"] < 1000  # window
+    run(home, "projection", "run", "--json")
+    with sqlite3.connect(home / "saga.db") as conn:  # the read model agrees
+        (projected,) = conn.execute(
+            "SELECT duration_ms FROM saga_steps WHERE step_id = 'flaky'").fetchone()
+    assert projected == step["duration_ms"]
