@@ -48,6 +48,7 @@ from collections.abc import Coroutine, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import timedelta
+from importlib.metadata import version
 from typing import IO, Any, TypeVar
 
 from saga.errors import ConfigError, ToolError
@@ -402,8 +403,6 @@ def _mcp_error() -> type[Exception]:
 
 
 def _sdk_major() -> int:
-    from importlib.metadata import version
-
     return int(version("mcp").split(".")[0])
 
 
