@@ -291,7 +291,8 @@ class Saga:
                           "parameters": parameters, "layer": step.layer,
                           "compensate": step.compensation is not None,
                           "approval": bool(step.confirm)})
-        return {"name": plan.definition.name, "inputs": resolved, "levels": plan.levels(),
+        return {"definition": plan.definition.name, "name": plan.definition.name,
+                "inputs": resolved, "levels": plan.levels(),
                 "critical_path": plan.critical_path(), "steps": steps}
 
     def submit(self, plan: Plan | str | Path, inputs: Mapping[str, Any] | None = None,

@@ -46,7 +46,8 @@ RUN_COLUMNS = ("run_id", "definition_name", "definition_version", "definition_ha
 #: Columns added since the first release (added to older tables when they open).
 _ADDED_RUN_COLUMNS = {"run_name": "TEXT", "labels": "TEXT"}
 STEP_COLUMNS = ("run_id", "step_id", "iteration", "status", "attempts", "started_at",
-                "finished_at", "duration_ms", "error", "compensated_at")
+                "finished_at", "duration_ms", "error", "compensated_at", "running_since")
+_ADDED_STEP_COLUMNS = {"running_since": "TEXT"}
 
 # Valid in both dialects: TEXT/BIGINT/INTEGER exist in both, IF NOT EXISTS in both.
 DDL = (
@@ -58,7 +59,7 @@ DDL = (
     """CREATE TABLE IF NOT EXISTS saga_steps (
         run_id TEXT NOT NULL, step_id TEXT NOT NULL, iteration INTEGER NOT NULL,
         status TEXT NOT NULL, attempts INTEGER NOT NULL, started_at TEXT, finished_at TEXT,
-        duration_ms BIGINT, error TEXT, compensated_at TEXT,
+        duration_ms BIGINT, error TEXT, compensated_at TEXT, running_since TEXT,
         PRIMARY KEY (run_id, step_id, iteration))""",
     """CREATE TABLE IF NOT EXISTS saga_projection_position (
         name TEXT PRIMARY KEY, position BIGINT NOT NULL)""",
@@ -145,14 +146,20 @@ class _Fold:
             case "StepStarted":
                 s = self.step(run_id, e.step_id, e.iteration)
                 # A retry clears the previous attempt's end; started_at stays the first
-                # attempt's start (as in the Run fold, so duration covers all attempts).
+                # attempt's start, running_since is this attempt's (as in the Run fold).
                 s.update(status="running", attempts=max(s["attempts"], e.attempt), error=None,
-                         started_at=s["started_at"] or ts, finished_at=None, duration_ms=None)
+                         started_at=s["started_at"] or ts, finished_at=None, duration_ms=None,
+                         running_since=ts)
             case "StepCompleted" | "StepFailed":
                 s = self.step(run_id, e.step_id, e.iteration)
                 failed = kind == "StepFailed"
+                # duration_ms is the last attempt's own, as the Run fold has it
+                if not failed:
+                    s["duration_ms"] = e.duration_ms or ms_between(s["running_since"], ts)
+                elif s["running_since"] is not None:
+                    s["duration_ms"] = ms_between(s["running_since"], ts)
                 s.update(status="failed" if failed else "completed", finished_at=ts,
-                         duration_ms=ms_between(s["started_at"], ts),
+                         running_since=None,
                          error=_json({"type": e.error_type, "message": e.message})
                          if failed else None)
             case "StepSkipped":
@@ -198,6 +205,7 @@ class Projection:
         when many processes call it at once."""
         self._db.create(DDL)
         self._db.add_columns("saga_runs", _ADDED_RUN_COLUMNS)
+        self._db.add_columns("saga_steps", _ADDED_STEP_COLUMNS)
         self._db.execute("INSERT INTO saga_projection_position (name, position) "
                          "VALUES (?, 0) ON CONFLICT (name) DO NOTHING", (self.name,))
         self._ready = True

@@ -16,7 +16,8 @@ PAGE = 200
 def row_summary(row: dict[str, Any]) -> dict[str, Any]:
     """A read-model row in the shape of :func:`run_summary` (without steps)."""
     error = json.loads(row["error"]) if row.get("error") else None
-    return {"run_id": row.get("run_name") or row["run_id"], "name": row["definition_name"],
+    return {"run_id": row.get("run_name") or row["run_id"],
+            "definition": row["definition_name"], "name": row["definition_name"],
             "version": row["version"], "labels": json.loads(row.get("labels") or "{}"),
             "status": row["status"], "actor": row["actor"],
             "definition_hash": row["definition_hash"], "started_at": row["started_at"],
@@ -28,7 +29,8 @@ class RunState(TypedDict, total=False):
     """A run as a JSON object (:func:`run_summary`'s shape, without its steps)."""
 
     run_id: str
-    name: str
+    definition: str  # the composition's name, under the field every command uses
+    name: str  # the same, under its older field name (kept for compatibility)
     status: RunStatus
     actor: str | None
     started_at: str
@@ -39,9 +41,11 @@ class RunState(TypedDict, total=False):
 
 
 def run_summary(run: Run, steps: bool = True) -> dict[str, Any]:
-    """A run as a JSON object: id, name, status, times, outputs, error, and its steps."""
+    """A run as a JSON object: id, definition (also as ``name``, its older field), status,
+    times, outputs, error, and its steps."""
     out: dict[str, Any] = {
         "run_id": run.run_id,
+        "definition": run.name,
         "name": run.name,
         "version": run.version,
         "status": run.status,

@@ -1,9 +1,17 @@
-"""Shared fixtures: a store per test, parametrised over SQLite and a real PostgreSQL."""
+"""Shared fixtures: a store per test, parametrised over SQLite and a real PostgreSQL.
+
+The PostgreSQL half of the suite (a test parametrised with ``"postgres"``, one using
+``pg_settings`` or ``pg_schema``, or one marked ``postgres``) needs the server at
+``SAGA_TEST_DATABASE_URL``. When it cannot be reached those tests are skipped with the
+reason, unless ``CI`` is set: there they fail, since CI must run them.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +23,58 @@ from saga.config import Settings
 from saga.tools import Registry, load_registry
 
 PG_URL = os.environ.get("SAGA_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
+_PG_FIXTURES = frozenset({"pg_settings", "pg_schema"})
+
+
+def needs_postgres(item: pytest.Item) -> bool:
+    """Whether a test belongs to the PostgreSQL half of the suite."""
+    if item.get_closest_marker("postgres") is not None:
+        return True
+    if _PG_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and any(
+        isinstance(v, str) and v == "postgres" for v in callspec.params.values())
+
+
+@functools.cache
+def postgres_unavailable() -> str | None:
+    """Why the test server cannot be used, or None when it answers (asked once)."""
+    where = re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", PG_URL)
+    try:
+        import psycopg
+    except ImportError:
+        return "psycopg is not installed (pip install -e '.[postgres]')"
+    try:
+        with psycopg.connect(PG_URL, connect_timeout=3) as conn:
+            conn.execute("SELECT 1")
+    except Exception as e:
+        detail = " ".join(str(e).split()) or type(e).__name__
+        return f"PostgreSQL at {where} is unreachable: {detail[:200]}"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if not needs_postgres(item):
+        return
+    reason = postgres_unavailable()
+    if reason is None:
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI runs the PostgreSQL half of the suite: it must answer)",
+                    pytrace=False)
+    pytest.skip(reason)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if os.environ.get("CI"):
+        return  # there the PostgreSQL tests errored, each with the reason
+    if postgres_unavailable.cache_info().currsize and postgres_unavailable():
+        skipped = [r for r in terminalreporter.stats.get("skipped", [])
+                   if "PostgreSQL at" in str(r.longrepr) or "psycopg" in str(r.longrepr)]
+        terminalreporter.write_line(f"{postgres_unavailable()}: {len(skipped)} PostgreSQL "
+                                    "tests skipped")
 
 
 def _drop_schema(schema: str) -> None:

@@ -212,3 +212,28 @@ def test_the_observability_examples(workdir: Path) -> None:
     idle = sh(["worker", "--until-idle"], workdir,
               OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:4318", OTEL_SERVICE_NAME="orders")
     assert idle.returncode == 0, idle.stderr
+
+
+def test_the_command_line_table_lists_every_command() -> None:
+    from saga.cli.app import COMMANDS
+
+    section = README.split("## Command line", 1)[1].split("\n## ", 1)[0]
+    table = "\n".join(line for line in section.splitlines() if line.startswith("| `saga"))
+    missing = [name for name in COMMANDS if not re.search(rf"`saga {name}\b", table)]
+    assert missing == []
+    for flag in ("--id", "--workflow-id", "--label", "--validate-only"):
+        assert flag in table, flag
+
+
+def test_shell_completion_works_as_the_readme_says() -> None:
+    assert "_SAGA_COMPLETE=bash_source saga" in README
+    code = "from saga.cli import main; main(prog_name='saga')"
+    env = {**os.environ, "_SAGA_COMPLETE": "bash_complete", "COMP_WORDS": "saga projection r",
+           "COMP_CWORD": "2"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.stdout.split() == ["plain,rebuild", "plain,run"], done.stdout + done.stderr
+    source = subprocess.run([sys.executable, "-c", code],
+                            env={**os.environ, "_SAGA_COMPLETE": "bash_source"},
+                            capture_output=True, text=True, timeout=60)
+    assert "complete -o nosort -F _saga_completion saga" in source.stdout

@@ -35,12 +35,20 @@ from saga.telemetry import metrics
 @click.option("--metrics-host", default="127.0.0.1", show_default=True,
               help="The address the metrics listen on.")
 @tools_option
+@click.option("--json", "as_json", is_flag=True,
+              help="When it stops, print what it did as JSON (worker, store, drives).")
 def worker(concurrency: int, until_idle: bool, worker_id: str | None,
            lease_seconds: float | None, poll: float, metrics_port: int | None,
-           metrics_host: str, tools: tuple[str, ...]) -> None:
+           metrics_host: str, tools: tuple[str, ...], as_json: bool) -> None:
     """Claim runnable runs and drive them (new, interrupted, approved, redriven).
 
-    Highest priority first, then oldest, within saga.toml's [queues.NAME] limits."""
+    Highest priority first, then oldest, within saga.toml's [queues.NAME] limits.
+
+    \b
+    Example:
+      saga worker --concurrency 8 --id worker-1 --metrics-port 9464
+      saga worker --until-idle --json       # drain what is runnable, then exit
+    """
     saga = _saga(tools)
     if metrics_port is not None:
         exported = metrics.enable()
@@ -58,51 +66,94 @@ def worker(concurrency: int, until_idle: bool, worker_id: str | None,
     except KeyboardInterrupt:
         driven = w.driven
     note(f"worker {w.worker_id} stopped after {driven} drives")
+    if as_json:
+        _emit_json({"worker": w.worker_id, "store": saga.settings.store_description,
+                    "drives": driven})
 
 
 @main.group()
 def projection() -> None:
-    """The read model: tables saga_runs and saga_steps, maintained from the log."""
+    """The read model: tables saga_runs and saga_steps, maintained from the log.
+
+    \b
+    Example:
+      saga projection run --follow
+    """
 
 
 @projection.command(name="run")
 @click.option("--follow", is_flag=True, help="Keep applying new events until interrupted.")
 @click.option("--poll", type=click.FloatRange(0.05, 60), default=0.5, show_default=True)
-def projection_run(follow: bool, poll: float) -> None:
-    """Apply the events the read model has not seen yet (and, with --follow, keep going)."""
+@json_option
+def projection_run(follow: bool, poll: float, as_json: bool) -> None:
+    """Apply the events the read model has not seen yet (and, with --follow, keep going).
 
-
+    \b
+    Example:
+      saga projection run --json
+    """
     saga = _saga()
     applied = saga.projection.catch_up()
-    click.echo(f"applied {applied} events; position {saga.projection.position()}", err=True)
+    position = saga.projection.position()
+    if not as_json:
+        click.echo(f"applied {applied} events; position {position}", err=True)
     if follow:
         stopping: list[int] = []
         signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
         with contextlib.suppress(KeyboardInterrupt):
             saga.projection.follow(poll_interval=poll, stop=lambda: bool(stopping))
-        click.echo(f"stopped at position {saga.projection.position()}", err=True)
+        position = saga.projection.position()
+        if not as_json:
+            click.echo(f"stopped at position {position}", err=True)
+    if as_json:
+        _emit_json({"applied": applied, "position": position, "followed": follow})
 
 
 @projection.command(name="rebuild")
-def projection_rebuild() -> None:
-    """Drop the read model and rebuild it from the first event."""
+@json_option
+def projection_rebuild(as_json: bool) -> None:
+    """Drop the read model and rebuild it from the first event.
+
+    \b
+    Example:
+      saga projection rebuild --json
+    """
     saga = _saga()
     applied = saga.projection.rebuild()
-    click.echo(f"rebuilt from {applied} events; position {saga.projection.position()}")
+    position = saga.projection.position()
+    if as_json:
+        _emit_json({"rebuilt_from": applied, "position": position})
+    else:
+        click.echo(f"rebuilt from {applied} events; position {position}")
 
 
 @main.group()
 def db() -> None:
-    """The store's tables."""
+    """The store's tables.
+
+    \b
+    Example:
+      SAGA_DATABASE_URL=postgresql://app@db:5432/saga saga db init
+    """
 
 
 @db.command(name="init")
-def db_init() -> None:
-    """Create every table once (run it before starting many workers at once)."""
+@json_option
+def db_init(as_json: bool) -> None:
+    """Create every table once (run it before starting many workers at once).
+
+    \b
+    Example:
+      saga db init --json
+    """
     saga = _saga()
     saga.leases  # noqa: B018 - creating the store and its side tables is the point
     saga.projection.create_tables()
-    click.echo(f"initialised {saga.settings.store_description}")
+    if as_json:
+        _emit_json({"initialised": True, "store": saga.settings.store_description,
+                    "position": saga.projection.position()})
+    else:
+        click.echo(f"initialised {saga.settings.store_description}")
 
 
 @main.group()
@@ -132,7 +183,12 @@ def schedule() -> None:
 def schedule_add(name: str, file: str, cron: str | None, every: str | None,
                  pairs: tuple[str, ...], timezone: str, catch_up: str, replace: bool,
                  tools: tuple[str, ...], as_json: bool) -> None:
-    """Add a schedule NAME that starts FILE (a file or a template's name)."""
+    """Add a schedule NAME that starts FILE (a file or a template's name).
+
+    \b
+    Example:
+      saga schedule add nightly backup.yaml --cron "0 2 * * *" -i target=db1
+    """
     saga = _saga(tools)
     plan = saga.load(file)
     inputs = _parse_inputs(pairs, None, {s.name: s for s in plan.definition.inputs})
@@ -148,7 +204,12 @@ def schedule_add(name: str, file: str, cron: str | None, every: str | None,
 @schedule.command(name="list")
 @json_option
 def schedule_list(as_json: bool) -> None:
-    """List the schedules and when each fires next."""
+    """List the schedules and when each fires next.
+
+    \b
+    Example:
+      saga schedule list --json
+    """
     rows = [s.to_json() for s in _saga().schedules.all()]
     if as_json:
         _emit_json(rows)
@@ -166,17 +227,27 @@ def schedule_list(as_json: bool) -> None:
 def _schedule_command(name: str, doc: str) -> None:
     @schedule.command(name=name, help=doc)
     @click.argument("schedule_name")
-    def command(schedule_name: str) -> None:
+    @json_option
+    def command(schedule_name: str, as_json: bool) -> None:
         schedules = _saga().schedules
         if name == "remove":
             schedules.remove(schedule_name)
-            click.echo(f"schedule {schedule_name} removed")
+            if as_json:
+                _emit_json({"name": schedule_name, "removed": True})
+            else:
+                click.echo(f"schedule {schedule_name} removed")
+            return
+        changed = schedules.set_paused(schedule_name, name == "pause")
+        done = {"pause": "paused", "resume": "resumed"}[name]
+        if as_json:
+            _emit_json(changed.to_json())
         else:
-            changed = schedules.set_paused(schedule_name, name == "pause")
-            done = {"pause": "paused", "resume": "resumed"}[name]
             click.echo(f"schedule {schedule_name} {done}; next run at {changed.next_due}")
 
 
-_schedule_command("remove", "Remove a schedule (the runs it started are kept).")
-_schedule_command("pause", "Stop a schedule firing until it is resumed.")
-_schedule_command("resume", "Let a paused schedule fire again (missed times are skipped).")
+_schedule_command("remove", "Remove a schedule (the runs it started are kept)."
+                           "\n\n\b\nExample:\n  saga schedule remove nightly")
+_schedule_command("pause", "Stop a schedule firing until it is resumed."
+                          "\n\n\b\nExample:\n  saga schedule pause nightly")
+_schedule_command("resume", "Let a paused schedule fire again (missed times are skipped)."
+                           "\n\n\b\nExample:\n  saga schedule resume nightly --json")

@@ -181,6 +181,12 @@ def note(message: str) -> None:
                    "--log-format json, else warning).")
 @click.version_option(package_name="saga")
 def main(debug: bool, log_format: str | None, log_level: str | None) -> None:
-    """saga: durable sagas on an event-sourced log."""
+    """saga: durable sagas on an event-sourced log.
+
+    \b
+    Example:
+      saga run quickstart                 # a three-step order saga, end to end
+      saga COMMAND --help                 # each command's options and an example
+    """
     if log_format or log_level:
         logs.configure((log_format or "text").lower(), log_level)

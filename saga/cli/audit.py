@@ -22,7 +22,12 @@ from saga.report import build_report, parse_moment, render
 
 @main.group()
 def audit() -> None:
-    """Tamper checks on the event log: each run's hash chain (and macs, with a key)."""
+    """Tamper checks on the event log: each run's hash chain (and macs, with a key).
+
+    \b
+    Example:
+      SAGA_AUDIT_KEY=... saga audit verify --all
+    """
 
 
 @audit.command(name="verify")
@@ -35,7 +40,13 @@ def audit() -> None:
 @json_option
 def audit_verify(run_ids: tuple[str, ...], all_runs: bool, file: str | None, head: str | None,
                  as_json: bool) -> None:
-    """Verify runs' audit chains: exit 0 when all verify, 1 when one is broken."""
+    """Verify runs' audit chains: exit 0 when all verify, 1 when one is broken.
+
+    \b
+    Example:
+      saga audit verify ORDER-42 --json
+      saga audit verify --file order-42.json --head <HEAD>
+    """
     settings = load_settings()
     key = audit_log.audit_key(settings)
     if file is not None:
@@ -74,7 +85,12 @@ def audit_verify(run_ids: tuple[str, ...], all_runs: bool, file: str | None, hea
 @click.option("--format", "fmt", type=click.Choice(["json", "jsonl"]), default="json",
               show_default=True, help="One JSON document, or one event per line.")
 def export(run_id: str, fmt: str) -> None:
-    """Print a run's complete, verifiable history (check it with saga audit verify --file)."""
+    """Print a run's complete, verifiable history (check it with saga audit verify --file).
+
+    \b
+    Example:
+      saga export ORDER-42 > order-42.json && saga audit verify --file order-42.json
+    """
     click.echo(audit_log.export_run(load_settings(), run_id, fmt), nl=False)
 
 
@@ -123,7 +139,12 @@ def report_command(since: str | None, until: str | None, definition: str | None,
 
 @main.group()
 def retention() -> None:
-    """Remove user data from old finished runs, keeping their audit chains verifiable."""
+    """Remove user data from old finished runs, keeping their audit chains verifiable.
+
+    \b
+    Example:
+      saga retention apply --older-than 365 --dry-run
+    """
 
 
 @retention.command(name="apply")
@@ -132,7 +153,12 @@ def retention() -> None:
 @click.option("--dry-run", is_flag=True, help="Only list the runs that would be redacted.")
 @json_option
 def retention_apply(days: float, dry_run: bool, as_json: bool) -> None:
-    """Redact inputs, parameters and outputs of finished runs older than DAYS."""
+    """Redact inputs, parameters and outputs of finished runs older than DAYS.
+
+    \b
+    Example:
+      saga retention apply --older-than 90 --json
+    """
     ids = audit_log.apply_retention(load_settings(), days, dry_run=dry_run)
     if as_json:
         _emit_json({"dry_run": dry_run, "older_than_days": days, "runs": ids})

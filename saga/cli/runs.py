@@ -40,7 +40,12 @@ from saga.views import run_summary
 @tools_option
 @json_option
 def validate(file: str, tools: tuple[str, ...], as_json: bool) -> None:
-    """Check a composition; print its execution levels and critical path."""
+    """Check a composition; print its execution levels and critical path.
+
+    \b
+    Example:
+      saga validate deploy.yaml --json
+    """
     saga = _saga(tools)
     try:
         plan = saga.load(file)
@@ -51,7 +56,8 @@ def validate(file: str, tools: tuple[str, ...], as_json: bool) -> None:
         sys.exit(e.exit_code)
     levels, critical, undo = plan.levels(), plan.critical_path(), plan.rollback_plan()
     if as_json:
-        _emit_json({"valid": True, "name": plan.definition.name, "levels": levels,
+        _emit_json({"valid": True, "definition": plan.definition.name,
+                    "name": plan.definition.name, "levels": levels,
                     "critical_path": critical, "steps": len(plan.order), "rollback": undo})
         return
     click.echo(f"{file}: valid ({len(plan.order)} steps)")
@@ -133,7 +139,8 @@ def _run_file(saga: Saga, file: str, options: dict[str, Any]) -> None:
                            {s.name: s for s in plan.definition.inputs})
     as_json = options["as_json"]
     if options.get("validate_only"):
-        _emit_json({"valid": True, "name": plan.definition.name}) if as_json else \
+        _emit_json({"valid": True, "definition": plan.definition.name,
+                    "name": plan.definition.name}) if as_json else \
             click.echo(f"{file}: valid ({len(plan.order)} steps); nothing was run")
         return
     if options.get("dry_run"):
@@ -180,7 +187,8 @@ def submit(file: str, **options: Any) -> None:
                       run_id=options["run_id"], labels=_labels(options["label_pairs"]),
                       queue=options["queue"], priority=options["priority"])
     if options["as_json"]:
-        _emit_json({"run_id": run.run_id, "status": run.status, "name": run.name})
+        _emit_json({"run_id": run.run_id, "status": run.status, "definition": run.name,
+                    "name": run.name})
     else:
         click.echo(run.run_id)
 
@@ -190,7 +198,12 @@ def submit(file: str, **options: Any) -> None:
 @tools_option
 @json_option
 def resume(run_id: str, tools: tuple[str, ...], as_json: bool) -> None:
-    """Continue an unfinished run here (after an approval, or when it was interrupted)."""
+    """Continue an unfinished run here (after an approval, or when it was interrupted).
+
+    \b
+    Example:
+      saga approve ORDER-42 pay && saga resume ORDER-42
+    """
     saga = _saga(tools)
     with _Progress(enabled=not as_json) as progress:
         result = saga.resume(run_id, on_events=progress.update)
@@ -270,11 +283,17 @@ def _bulk(saga: Saga, name: str, actor: str | None, reason: str | None, dry_run:
 
 
 _undo_command("retry", "Redrive a failed run from its failed steps, keeping completed work; "
-                       "or, with filters, every matching failed run. Example: saga retry "
-                       "--definition payments --failed-step charge --since 2026-11-01")
-_undo_command("compensate", "Undo a run's completed steps, in reverse completion order.")
+                       "or, with filters, every matching failed run.\n\n\b\nExample:\n"
+                       "  saga retry ORDER-42\n"
+                       "  saga retry --definition payments --failed-step charge "
+                       "--since 2026-11-01")
+_undo_command("compensate", "Undo a run's completed steps, in reverse completion order."
+                            "\n\n\b\nExample:\n  saga compensate ORDER-42 --reason "
+                            "'customer withdrew'")
 _undo_command("cancel", "Cancel an unfinished run: undo its completed steps, record who; or, "
-                        "with filters, every matching unfinished run.")
+                        "with filters, every matching unfinished run.\n\n\b\nExample:\n"
+                        "  saga cancel ORDER-42 --reason 'duplicate order'\n"
+                        "  saga cancel --definition payments --label team=payments --dry-run")
 
 
 @main.command()
@@ -283,7 +302,13 @@ _undo_command("cancel", "Cancel an unfinished run: undo its completed steps, rec
 @click.option("--at", help="Show the run as it was at a version number or an ISO time.")
 @json_option
 def replay(run_id: str, verify: bool, at: str | None, as_json: bool) -> None:
-    """Replay a run's history: verify its decisions, or show it at a point in time."""
+    """Replay a run's history: verify its decisions, or show it at a point in time.
+
+    \b
+    Example:
+      saga replay ORDER-42 --verify
+      saga replay ORDER-42 --at 5 --json
+    """
     saga = _saga()
     if not verify and at is None:
         raise click.UsageError("give --verify or --at")
@@ -311,7 +336,13 @@ def replay(run_id: str, verify: bool, at: str | None, as_json: bool) -> None:
               show_default=True)
 @tools_option
 def graph(target: str, fmt: str, tools: tuple[str, ...]) -> None:
-    """Draw a composition FILE, or a RUN with its steps coloured by status."""
+    """Draw a composition FILE, or a RUN with its steps coloured by status.
+
+    \b
+    Example:
+      saga graph deploy.yaml --format dot | dot -Tsvg > deploy.svg
+      saga graph ORDER-42
+    """
     saga = _saga(tools)
     if Path(target).exists():
         plan, run = saga.load(target), None
@@ -325,7 +356,12 @@ def graph(target: str, fmt: str, tools: tuple[str, ...]) -> None:
 @click.argument("run_id")
 @json_option
 def status(run_id: str, as_json: bool) -> None:
-    """Show a run's status and its steps (read from the run's own history)."""
+    """Show a run's status and its steps (read from the run's own history).
+
+    \b
+    Example:
+      saga status ORDER-42 --json
+    """
     summary = _saga().status(run_id)
     if as_json:
         _emit_json(summary)
@@ -366,7 +402,7 @@ def list_runs(status_filter: str | None, definition: str | None, actor: str | No
         return
     click.echo(f"{'RUN':<36}  {'STATUS':<12} {'DEFINITION':<30} {'ACTOR':<12} STARTED")
     for r in runs:
-        click.echo(f"{r['run_id']:<36}  {r['status']:<12} {r['name']:<30} "
+        click.echo(f"{r['run_id']:<36}  {r['status']:<12} {r['definition']:<30} "
                    f"{(r['actor'] or '')[:12]:<12} {r['started_at']}")
 
 
@@ -374,7 +410,12 @@ def list_runs(status_filter: str | None, definition: str | None, actor: str | No
 @click.argument("run_id")
 @json_option
 def history(run_id: str, as_json: bool) -> None:
-    """Print every event of a run, in order."""
+    """Print every event of a run, in order.
+
+    \b
+    Example:
+      saga history ORDER-42 --json
+    """
     events = _saga().history(run_id)
     if as_json:
         _emit_json(events)
@@ -390,18 +431,27 @@ def _decision_command(name: str, approved: bool, doc: str) -> None:
     @click.argument("step_id")
     @click.option("--comment", help="Recorded with the decision.")
     @click.option("--actor", help="Who decides (default: SAGA_ACTOR or the OS user).")
-    def command(run_id: str, step_id: str, comment: str | None, actor: str | None) -> None:
+    @json_option
+    def command(run_id: str, step_id: str, comment: str | None, actor: str | None,
+                as_json: bool) -> None:
         s = _saga()
         decide = s.approve if approved else s.reject
         run = decide(run_id, step_id, actor=actor, comment=comment)
         done = {"approve": "approved", "reject": "rejected"}[name]
+        if as_json:
+            _emit_json({"run_id": run.run_id, "step_id": step_id, "decision": done,
+                        "status": run.status})
+            return
         click.echo(f"{step_id} {done} on run {run.run_id}; continue it with: "
                    f"saga resume {run.run_id}")
 
 
-_decision_command("approve", True, "Approve a step that waits for confirmation.")
+_decision_command("approve", True, "Approve a step that waits for confirmation.\n\n\b\n"
+                                  "Example:\n  saga approve ORDER-42 pay --comment 'checked' "
+                                  "--actor alice")
 _decision_command("reject", False, "Reject a step that waits for confirmation (it fails and "
-                                   "follows its on_error).")
+                                   "follows its on_error).\n\n\b\nExample:\n"
+                                   "  saga reject ORDER-42 pay --comment 'amount too high'")
 
 
 @main.command(name="signal")
@@ -444,7 +494,7 @@ def _pause_command(name: str, doc: str) -> None:
             click.echo(f"run {run.run_id} is {run.status}")
 
 
-_pause_command("pause", "Pause a run: no new step starts, attempts in flight finish. "
-                        "Example: saga pause ORDER-42")
-_pause_command("unpause", "Let a paused run go on (a worker continues it). "
-                          "Example: saga unpause ORDER-42")
+_pause_command("pause", "Pause a run: no new step starts, attempts in flight finish."
+                        "\n\n\b\nExample:\n  saga pause ORDER-42")
+_pause_command("unpause", "Let a paused run go on (a worker continues it)."
+                          "\n\n\b\nExample:\n  saga unpause ORDER-42")

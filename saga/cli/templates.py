@@ -27,13 +27,23 @@ from saga.report import template_stats, templates_stats
 
 @main.group()
 def templates() -> None:
-    """Ready compositions in templates/ (and the folders in SAGA_TEMPLATES)."""
+    """Ready compositions in templates/ (and the folders in SAGA_TEMPLATES).
+
+    \b
+    Example:
+      saga templates list && saga templates show quickstart
+    """
 
 
 @templates.command(name="list")
 @json_option
 def templates_list(as_json: bool) -> None:
-    """The templates, with their success rate and mean duration from past runs."""
+    """The templates, with their success rate and mean duration from past runs.
+
+    \b
+    Example:
+      saga templates list --json
+    """
 
     saga = _saga()
     infos = list_templates(saga.settings)
@@ -42,7 +52,8 @@ def templates_list(as_json: bool) -> None:
     except SagaError:
         stats = {}
     if as_json:
-        _emit_json([info.to_json() | {"stats": stats.get(info.name)} for info in infos])
+        _emit_json([info.to_json() | {"definition": info.definition_name,
+                                      "stats": stats.get(info.name)} for info in infos])
         return
     click.echo(f"{'NAME':<28} {'CATEGORY':<12} {'RUNS':>4} {'SUCCESS':>7} {'MEAN':>7}  "
                "DESCRIPTION")
@@ -58,13 +69,18 @@ def templates_list(as_json: bool) -> None:
 @click.argument("name")
 @json_option
 def templates_show(name: str, as_json: bool) -> None:
-    """A template's description, inputs, needed configuration and statistics."""
+    """A template's description, inputs, needed configuration and statistics.
+
+    \b
+    Example:
+      saga templates show quickstart
+    """
 
     saga = _saga()
     info = read_template(find_template(name, saga.settings))
     stats = template_stats(saga, name)
     if as_json:
-        _emit_json(info.to_json() | {"stats": stats})
+        _emit_json(info.to_json() | {"definition": info.definition_name, "stats": stats})
         return
     click.echo(f"{info.name}: {info.title or info.definition_name}  ({info.path})")
     click.echo(f"category: {info.category}   tags: {', '.join(info.tags or [])}")
@@ -91,7 +107,12 @@ def templates_show(name: str, as_json: bool) -> None:
 @click.argument("name")
 @_run_options
 def templates_run(name: str, **options: Any) -> None:
-    """Run the template NAME here, like saga run."""
+    """Run the template NAME here, like saga run.
+
+    \b
+    Example:
+      saga templates run quickstart -i fail_at=ship --json
+    """
     saga = _saga(options["tools"])
     path = find_template(name, saga.settings)
     _run_file(saga, str(path), options)
@@ -101,7 +122,12 @@ def templates_run(name: str, **options: Any) -> None:
 @tools_option
 @json_option
 def tools(tools: tuple[str, ...], as_json: bool) -> None:
-    """List the available tools."""
+    """List the available tools.
+
+    \b
+    Example:
+      saga tools --tools mytools --json
+    """
     registry = _saga(tools).registry
     rows = [{"name": t.name, "source": t.source, "description": t.description,
              "compensation": t.compensate is not None, "params": t.params} for t in registry]

@@ -216,9 +216,10 @@ class Run(RunCommands, Aggregate):
             s = aggregate._step(self.step_id, self.iteration)
             s.update(status="running", attempt=self.attempt, parameters=self.parameters,
                      idempotency_key=self.idempotency_key, worker=self.worker, retry_at=None,
-                     error=None, wait=None)
+                     error=None, wait=None, duration_ms=None)
             s["started_at"] = s["started_at"] or iso(self.timestamp)
             s["attempt_started_at"] = iso(self.timestamp)
+            s["running_since"] = iso(self.timestamp)  # until this attempt ends
 
     class StepCompleted(Event):
         """An attempt succeeded; its output exists only once this event is durable."""
@@ -237,7 +238,13 @@ class Run(RunCommands, Aggregate):
                      error=None, retry_at=None)
             if self.cache is not None:
                 s["cache"] = self.cache
-            s["duration_ms"] = ms_between(s["started_at"], s["finished_at"])
+            # The attempt's own duration, as measured around the call (never the time the
+            # step waited for a retry or an approval before it). One recorded as 0 (a loop's
+            # outputs the scheduler derives, a cache hit, a call under a millisecond) counts
+            # from the attempt's StepStarted instead.
+            s["duration_ms"] = self.duration_ms or ms_between(s.get("running_since"),
+                                                              s["finished_at"])
+            s["running_since"] = None
             aggregate.completion_order.append(step_key(self.step_id, self.iteration))
 
     class StepFailed(Event):
@@ -257,7 +264,9 @@ class Run(RunCommands, Aggregate):
             s.update(status="failed", attempt=self.attempt, retry_at=self.next_retry_at,
                      error={"type": self.error_type, "message": self.message},
                      finished_at=iso(self.timestamp), retryable=self.retryable)
-            s["duration_ms"] = ms_between(s["started_at"], s["finished_at"])
+            if s.get("running_since") is not None:  # the failed attempt's own duration
+                s["duration_ms"] = ms_between(s["running_since"], s["finished_at"])
+                s["running_since"] = None
 
     class StepSkipped(Event):
         """A step did not run: its condition was false, or what it needs did not happen."""

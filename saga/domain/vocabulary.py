@@ -62,6 +62,7 @@ class StepState(TypedDict, total=False):
     reason: str
     retry_at: str | None
     attempt_started_at: str
+    running_since: str | None  # the attempt in flight's start (None when none runs)
     started_at: str | None
     finished_at: str | None
     duration_ms: int | None

@@ -22,6 +22,12 @@ to it with ``asyncio.run_coroutine_threadsafe``. Sessions are closed at interpre
 or by :func:`close` / :meth:`MCPManager.close`. A server that dies is started again on the
 next call.
 
+Both majors of the SDK work (``mcp>=1.2,<3``): the few names 2.x changed (camelCase fields
+became snake_case, ``McpError`` became ``MCPError``, timeouts are seconds rather than a
+``timedelta``, a timed-out request has its own JSON-RPC code) are read through
+:func:`_field`, :func:`_mcp_error` and :func:`_read_timeout`, so a server built with
+either major serves a client of either major (it is the same protocol).
+
 Results: ``structuredContent`` when the server gives it; otherwise the text content
 joined with newlines (parsed as JSON when it is JSON); other content (images, resources)
 as ``{"content": [...]}``. A result with ``isError`` fails the step with error type
@@ -42,6 +48,7 @@ from collections.abc import Coroutine, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import timedelta
+from importlib.metadata import version
 from typing import IO, Any, TypeVar
 
 from saga.errors import ConfigError, ToolError
@@ -243,11 +250,10 @@ class MCPManager:
         params = StdioServerParameters(command=config.command, args=list(config.args),
                                        env=dict(config.env) if config.env else None,
                                        cwd=config.cwd)
-        timeout = timedelta(seconds=config.timeout) if config.timeout else None
         try:
             errlog: Any = entry.errlog  # a binary file: the SDK writes text or bytes to it
             async with stdio_client(params, errlog=errlog) as (read, write), \
-                    ClientSession(read, write, read_timeout_seconds=timeout) as session:
+                    ClientSession(read, write) as session:
                 await session.initialize()
                 entry.session = session
                 entry.ready.set_result(session)
@@ -287,7 +293,7 @@ class MCPManager:
             page = await self._guard(entry, entry.session.list_tools(
                 params=PaginatedRequestParams(cursor=cursor) if cursor else None))
             tools += page.tools
-            cursor = page.nextCursor
+            cursor = _field(page, "next_cursor", "nextCursor")
             if not cursor:
                 return tools
 
@@ -296,15 +302,17 @@ class MCPManager:
             entry = await self._entry(config)
         except ServerUnavailable as e:
             raise ToolError(str(e), error_type="MCPServerError", retryable=True) from None
-        result = await self._guard(entry, entry.session.call_tool(tool, arguments))
+        # per call, so a short `timeout` does not also bound start-up (startup_timeout does)
+        result = await self._guard(entry, entry.session.call_tool(
+            tool, arguments, read_timeout_seconds=_read_timeout(config.timeout)))
         return _result(config.name, tool, result)
 
     async def _guard(self, entry: _Entry, request: Coroutine[Any, Any, T]) -> T:
         """Await a request, failing (instead of hanging) when the server goes away."""
         import anyio
-        from mcp.shared.exceptions import McpError
-        from mcp.types import CONNECTION_CLOSED
+        from mcp import types
 
+        mcp_error = _mcp_error()
         call = asyncio.ensure_future(request)
         assert entry.task is not None
         watch = {call, entry.task}
@@ -326,16 +334,18 @@ class MCPManager:
             entry.stop.set()
             raise ToolError(f"MCP server {name!r} is gone ({type(e).__name__})",
                             error_type="MCPServerError", retryable=True) from None
-        except McpError as e:
-            if e.error.code == CONNECTION_CLOSED:
+        except mcp_error as e:
+            error: Any = e.error  # type: ignore[attr-defined]  # both majors' ErrorData
+            if error.code == types.CONNECTION_CLOSED:
                 entry.stop.set()
-                raise ToolError(f"MCP server {name!r} closed the connection: {e.error.message}",
+                raise ToolError(f"MCP server {name!r} closed the connection: {error.message}",
                                 error_type="MCPServerError", retryable=True) from None
-            if e.error.code == 408:  # the session's read timeout
-                raise ToolError(f"MCP server {name!r}: {e.error.message}",
+            # the session's read timeout: 408 in 1.x, JSON-RPC REQUEST_TIMEOUT in 2.x
+            if error.code in (408, getattr(types, "REQUEST_TIMEOUT", 408)):
+                raise ToolError(f"MCP server {name!r}: {error.message}",
                                 error_type="timeout", retryable=True) from None
-            raise ToolError(f"MCP server {name!r}: {e.error.message}", error_type="MCPError",
-                            retryable=False, details={"code": e.error.code}) from None
+            raise ToolError(f"MCP server {name!r}: {error.message}", error_type="MCPError",
+                            retryable=False, details={"code": error.code}) from None
 
 
 def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
@@ -351,29 +361,57 @@ def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
 def _reason(e: BaseException) -> str:
     while isinstance(e, BaseExceptionGroup) and e.exceptions:
         e = e.exceptions[0]
-    from mcp.shared.exceptions import McpError
-
-    if isinstance(e, McpError):
-        return f"{e.error.message} (the process exited or closed its output)"
+    if isinstance(e, _mcp_error()):
+        message = getattr(e, "error").message  # noqa: B009 - both majors' ErrorData
+        return f"{message} (the process exited or closed its output)"
     return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
 
 def _result(server: str, tool: str, result: Any) -> Any:
     """A ``CallToolResult`` as the step's JSON output (or ToolError for ``isError``)."""
     texts = [c.text for c in result.content if getattr(c, "type", None) == "text"]
-    if result.isError:
+    structured = _field(result, "structured_content", "structuredContent")
+    if _field(result, "is_error", "isError"):
         message = "\n".join(texts).strip() or "the tool reported an error"
         raise ToolError(f"mcp.{server}.{tool}: {message}", error_type="MCPError",
-                        retryable=True, details=result.structuredContent)
-    if result.structuredContent is not None:
-        return result.structuredContent
+                        retryable=True, details=structured)
+    if structured is not None:
+        return structured
     if len(texts) == len(result.content):
         text = "\n".join(texts)
         try:
             return json.loads(text)
         except ValueError:
             return text
-    return {"content": [c.model_dump(mode="json", exclude_none=True) for c in result.content]}
+    # by_alias: the wire's camelCase names (``mimeType``) in both majors
+    return {"content": [c.model_dump(mode="json", exclude_none=True, by_alias=True)
+                        for c in result.content]}
+
+
+def _field(obj: Any, name: str, v1_name: str) -> Any:
+    """A protocol field by its 2.x (snake_case) name, or its 1.x (camelCase) one."""
+    return getattr(obj, name) if hasattr(obj, name) else getattr(obj, v1_name, None)
+
+
+def _mcp_error() -> type[Exception]:
+    """The SDK's error for an error response: ``MCPError`` (2.x) or ``McpError`` (1.x)."""
+    from mcp.shared import exceptions
+
+    found: type[Exception] = (getattr(exceptions, "MCPError", None)
+                              or getattr(exceptions, "McpError"))  # noqa: B009
+    return found
+
+
+def _sdk_major() -> int:
+    return int(version("mcp").split(".")[0])
+
+
+def _read_timeout(seconds: float | None) -> Any:
+    """A call's read timeout as the installed SDK takes it (2.x: seconds, 1.x: a
+    ``timedelta``)."""
+    if not seconds:
+        return None
+    return seconds if _sdk_major() >= 2 else timedelta(seconds=seconds)
 
 
 #: The process-wide manager every MCP tool uses.
@@ -405,7 +443,7 @@ class MCPServer:
             return await manager.call_async(config, name, dict(params))
 
         description = (listed.description or listed.title or "").strip().split("\n")[0]
-        schema = dict(listed.inputSchema or {}) or None
+        schema = dict(_field(listed, "input_schema", "inputSchema") or {}) or None
         return Tool(f"{self.prefix}{name}", call, None, description, f"mcp:{config.name}",
                     schema)
 

@@ -4,6 +4,7 @@ imported modules, not in seconds."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -41,3 +42,30 @@ def test_the_command_table_matches_the_commands() -> None:
         assert command.callback is not None and command.callback.__module__ == module, name
         assert command.get_short_help_str(limit=78) == short, name
         assert isinstance(command, click.Command)
+
+
+def every_command(group: click.Group, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every command and subcommand's path, groups included."""
+    ctx = click.Context(group)
+    paths = []
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        assert command is not None, name
+        paths.append((*path, name))
+        if isinstance(command, click.Group):
+            paths += every_command(command, (*path, name))
+    return paths
+
+
+def test_every_help_has_an_example() -> None:
+    from click.testing import CliRunner
+
+    paths = every_command(main)
+    assert len(paths) > 40 and ("projection", "rebuild") in paths
+    lacking = []
+    for path in [(), *paths]:
+        result = CliRunner().invoke(main, [*path, "--help"])
+        assert result.exit_code == 0, (path, result.output)
+        if not re.search(r"Example:\n +(saga|SAGA_\w+=\S+ saga) ", result.output):
+            lacking.append(" ".join(path))
+    assert lacking == []

@@ -2,17 +2,27 @@
 
 Tools: ``add``, ``echo``, ``fail`` (always an error result), ``kv_put`` / ``kv_get`` /
 ``kv_delete`` (state kept in this process, to prove one server process serves successive
-calls), ``getenv``, ``pid``, ``slow`` and ``die`` (exits the process mid-call).
+calls), ``getenv``, ``pid``, ``slow``, ``die`` (exits the process mid-call) and
+``sdk`` (the major version of the ``mcp`` SDK this server is built with).
+
+It runs on either major of the SDK: ``FastMCP`` in 1.x, ``MCPServer`` in 2.x (same
+decorators, same stdio transport).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+from importlib.metadata import version
 
-from mcp.server.fastmcp import FastMCP
+try:  # mcp 2.x
+    from mcp.server.mcpserver import MCPServer as Server
+    from mcp.server.mcpserver.exceptions import ToolError
+except ImportError:  # mcp 1.x
+    from mcp.server.fastmcp import FastMCP as Server  # type: ignore[no-redef]
+    from mcp.server.fastmcp.exceptions import ToolError  # type: ignore[no-redef]
 
-server = FastMCP("saga-test")
+server = Server("saga-test")
 _store: dict[str, str] = {}
 
 
@@ -30,8 +40,8 @@ def echo(text: str) -> str:
 
 @server.tool()
 def fail(message: str) -> str:
-    """Always fails with the message."""
-    raise ValueError(message)
+    """Always fails with the message (a deliberate failure, whose text 2.x passes on)."""
+    raise ToolError(message)
 
 
 @server.tool()
@@ -70,6 +80,12 @@ async def slow(seconds: float) -> str:
     """Sleeps (without blocking other calls), then says so."""
     await asyncio.sleep(seconds)
     return f"slept {seconds}"
+
+
+@server.tool()
+def sdk() -> int:
+    """The major version of the mcp SDK this server runs on."""
+    return int(version("mcp").split(".")[0])
 
 
 @server.tool()

@@ -186,3 +186,13 @@ def test_engine_validates_calls_and_compensates_through_the_server(
         assert third.steps["get"]["output"] == {"result": "draft"}
     assert run_tool(load_registry((), settings=settings), "mcp.t.kv_get",
                     {"key": "undone"}) == {"result": None}
+
+
+def test_a_server_read_timeout_fails_the_call_as_a_timeout() -> None:
+    slow = {"mcp": {"servers": {"slowpoke": {"command": sys.executable, "args": [SERVER],
+                                             "timeout": 0.5}}}}
+    registry = load_registry((), settings=Settings(file=slow))
+    with pytest.raises(ToolError) as late:
+        run_tool(registry, "mcp.slowpoke.slow", {"seconds": 3})
+    assert late.value.error_type == "timeout" and late.value.retryable is True
+    assert "MCP server 'slowpoke'" in str(late.value)

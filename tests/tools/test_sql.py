@@ -203,6 +203,7 @@ def test_parameters_and_connections_are_checked(tmp_path: Path) -> None:
         call(t, {"connection": "main", "statement": "SELECT 1; SELECT 2"})
 
 
+@pytest.mark.postgres
 def test_postgres_values_become_json() -> None:
     t = make_tool({"sql": {"connections": {"pg": PG_URL}}})
     out = call(t, {"connection": "pg", "statement":
