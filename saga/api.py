@@ -546,7 +546,7 @@ class Saga:
 
     def lag(self) -> int:
         """How many events the read model has not applied yet."""
-        return max(self.projection.head() - self.projection.position(), 0)
+        return self.projection.lag()
 
     def approve(self, run_id: str, step_id: str, *, actor: str | None = None,
                 comment: str | None = None) -> Run:
