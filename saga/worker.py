@@ -21,6 +21,7 @@ from saga.domain import DECISIONS, TERMINAL, RunStatus, event_name, status_after
 from saga.errors import ConcurrentWriteError, LeaseLostError, SagaError
 from saga.executor import Executor
 from saga.store.application import SagaApplication
+from saga.store.group_commit import GroupCommit
 from saga.store.leases import Leases, default_worker_id
 
 log = logging.getLogger("saga.worker")
@@ -182,6 +183,8 @@ class Worker:
         self.poll_interval = poll_interval
         self.index = RunIndex(app)
         self.driven = 0
+        #: The appends of every run this worker drives at once share a commit.
+        self.group = GroupCommit(app)
 
     def run(self, *, until_idle: bool = False, stop: Callable[[], bool] | None = None) -> int:
         """Work until ``stop()`` says so (or, with ``until_idle``, nothing is runnable);
@@ -201,19 +204,22 @@ class Worker:
             for run_id, task in list(active.items()):
                 if task.done():
                     active.pop(run_id)
-            claimed = 0
+            wanted: list[str] = []
             for run_id in self.index.runnable():
-                if len(active) >= self.concurrency or any(self._suspect(r) for r in active):
+                if len(active) + len(wanted) >= self.concurrency \
+                        or any(self._suspect(r) for r in [*active, *wanted]):
                     break
-                if self._suspect(run_id) and active:
+                if self._suspect(run_id) and (active or wanted):
                     continue  # a run its workers died under is driven alone: if it kills
                     # this worker too, no innocent run dies with it and counts a takeover
-                if run_id in active or not leases.claim(run_id, self.worker_id,
-                                                        self.lease_seconds):
-                    continue
-                claimed += 1
+                if run_id not in active:
+                    wanted.append(run_id)
+            # One commit claims them all (each claim is still conditional on its row).
+            held = leases.claim_many(wanted, self.worker_id, self.lease_seconds)
+            for run_id in held:
                 self.index.claimed(run_id)
                 active[run_id] = asyncio.ensure_future(self._drive(run_id))
+            claimed = len(held)
             if until_idle and not active and not claimed:
                 break
             waiting = list(active.values())
@@ -232,10 +238,13 @@ class Worker:
 
     async def _drive(self, run_id: str) -> None:
         lease = self.leases.lease(run_id, self.worker_id, self.lease_seconds)
+        loop = asyncio.get_running_loop()
         try:
-            run = self.app.get_run(run_id)
+            # Reads and the release run in threads: the loop keeps driving other runs.
+            run = await loop.run_in_executor(None, self.app.get_run, run_id)
             if not run.is_finished:
                 executor = self.make_executor(self.worker_id)
+                executor.group = self.group
                 try:
                     await executor.drive_async(run, lease)
                 finally:
@@ -249,6 +258,6 @@ class Worker:
         finally:
             self.driven += 1
             try:
-                lease.release()
+                await loop.run_in_executor(None, lease.release)
             except Exception:  # the lease expires anyway
                 log.warning("could not release the lease on %s", run_id)

@@ -23,6 +23,7 @@ from saga.domain import Run
 from saga.executor.drive import Drive, EventHook, LeaseLike
 from saga.store.application import SagaApplication
 from saga.store.cache import ToolCache
+from saga.store.group_commit import GroupCommit
 from saga.tools import Registry
 
 __all__ = ["EventHook", "Executor", "LeaseLike", "plan_of"]
@@ -51,6 +52,8 @@ class Executor:
         self.worker = worker
         self.clock = clock
         self.on_events = on_events
+        #: Set by a worker: appends go through its group commit instead of one by one.
+        self.group: GroupCommit | None = None
         self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="saga-tool")
 
     def close(self) -> None:

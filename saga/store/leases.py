@@ -4,6 +4,12 @@ A lease is a row in ``saga_leases`` (run id, worker, expiry). The holder renews 
 it drives; when a worker dies, its lease expires and any other worker may take the run
 over. The lease keeps two live workers from driving one run; the run's version number is
 the fence behind it: a stale worker's append is rejected and it backs off.
+
+A claim is an ordinary (flushed) commit. Renewals and releases commit without waiting
+for their WAL flush (PostgreSQL; see :meth:`Database.execute`): a server crash can only
+lose one that no later commit flushed, which moves the lease's expiry (a release lost:
+the run waits for its lease to expire; a renewal lost: it may be taken over early, which
+the version fence already covers, as for any expired lease).
 """
 
 from __future__ import annotations
@@ -47,16 +53,33 @@ class Leases:
         now = self.clock()
         return self.db.execute(_CLAIM, (run_id, worker, now + seconds, now)) == 1
 
+    def claim_many(self, run_ids: list[str], worker: str, seconds: float) -> list[str]:
+        """Claim several runs in one commit; the ids this worker now holds, in order."""
+        if not run_ids:
+            return []
+        now = self.clock()
+        if not self.db.pg:
+            return [r for r in run_ids if self.claim(r, worker, seconds)]
+        with self.db.tx() as cur:
+            cur.execute(
+                "INSERT INTO saga_leases (run_id, worker, expires_at) "
+                "SELECT unnest(%s::text[]), %s, %s ON CONFLICT (run_id) DO UPDATE "
+                "SET worker = excluded.worker, expires_at = excluded.expires_at "
+                "WHERE saga_leases.expires_at < %s OR saga_leases.worker = excluded.worker "
+                "RETURNING run_id", (list(run_ids), worker, now + seconds, now))
+            held = {row[0] for row in cur.fetchall()}
+        return [r for r in run_ids if r in held]
+
     def renew(self, run_id: str, worker: str, seconds: float) -> bool:
         """Extend a lease this worker holds; False if it was taken over."""
         return self.db.execute(
             "UPDATE saga_leases SET expires_at = ? WHERE run_id = ? AND worker = ?",
-            (self.clock() + seconds, run_id, worker)) == 1
+            (self.clock() + seconds, run_id, worker), flush=False) == 1
 
     def release(self, run_id: str, worker: str) -> None:
         """Give the lease up."""
         self.db.execute("DELETE FROM saga_leases WHERE run_id = ? AND worker = ?",
-                        (run_id, worker))
+                        (run_id, worker), flush=False)
 
     def holder(self, run_id: str) -> tuple[str, float] | None:
         """(worker, expires_at) of the current lease, if any."""
