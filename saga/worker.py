@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -194,16 +195,20 @@ class Worker:
     async def _run(self, until_idle: bool, stop: Callable[[], bool]) -> int:
         leases = self.leases
         active: dict[str, asyncio.Task[None]] = {}
+        next_tick = 0.0
         while not stop():
-            if self.tick is not None:
+            # Schedules are looked at once per poll interval, not on every completion.
+            if self.tick is not None and time.monotonic() >= next_tick:
+                next_tick = time.monotonic() + self.poll_interval
                 try:
                     self.tick()
                 except Exception:  # a broken schedule must not stop the worker's runs
                     log.exception("firing due schedules failed")
-            self.index.refresh()
             for run_id, task in list(active.items()):
                 if task.done():
                     active.pop(run_id)
+            if len(active) < self.concurrency:  # full: nothing could be claimed anyway
+                self.index.refresh()
             wanted: list[str] = []
             for run_id in self.index.runnable():
                 if len(active) + len(wanted) >= self.concurrency \
