@@ -274,7 +274,8 @@ class Saga:
             plan = self.load(plan)
         resolved = resolve_inputs(plan.definition, dict(inputs or {}))
         # A preview is printed: secret inputs show as their markers, never their values.
-        resolved = {k: secrets.marker(k) if k in _secret_inputs(plan) else v
+        hidden = {spec.name for spec in plan.definition.inputs if spec.secret}
+        resolved = {k: secrets.marker(k) if k in hidden else v
                     for k, v in resolved.items()}
         names = {"inputs": resolved, "input": resolved, "context": {"actor": self.settings.actor},
                  "steps": {}}
@@ -562,7 +563,7 @@ class Saga:
 
     def lag(self) -> int:
         """How many events the read model has not applied yet."""
-        return max(self.projection.head() - self.projection.position(), 0)
+        return self.projection.lag()
 
     def approve(self, run_id: str, step_id: str, *, actor: str | None = None,
                 comment: str | None = None) -> Run:
@@ -587,8 +588,6 @@ class Saga:
 
 
 _SIGNAL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,99}$")
-def _secret_inputs(plan: Plan) -> set[str]:
-    return {spec.name for spec in plan.definition.inputs if spec.secret}
 
 
 def _refuse_redacted(run: Run) -> None:

@@ -95,6 +95,9 @@ class Settings:
     expression_seconds: float = 2.0
     #: Limits per queue (saga.toml ``[queues.NAME]``); a queue not named has none.
     queues: dict[str, QueueLimit] = field(default_factory=dict)
+    #: PostgreSQL recorder: "xid" (no table lock; see saga.store.pg_recorder) or
+    #: "library" (eventsourcing's own, which serialises writers on a table lock).
+    pg_recorder: str = "xid"
     file: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -120,8 +123,11 @@ class Settings:
             env.update(PERSISTENCE_MODULE="eventsourcing.postgres",
                        POSTGRES_POOL_SIZE=str(self.pool_size),
                        POSTGRES_MAX_OVERFLOW=str(self.max_overflow),
-                       POSTGRES_CONNECT_TIMEOUT="5",
-                       POSTGRES_PRE_PING="y")
+                       POSTGRES_CONNECT_TIMEOUT="5")
+            # No pre-ping: it is a round trip per checkout, and the library already
+            # retries an operation that meets a dead connection on a fresh one.
+            if self.pg_recorder == "xid":
+                env["APPLICATION_RECORDER_TOPIC"] = "saga.store.pg_recorder:XidOrderedRecorder"
             return env
         return {"PERSISTENCE_MODULE": "eventsourcing.sqlite",
                 "SQLITE_DBNAME": str(self.home / "saga.db"),
@@ -208,6 +214,7 @@ def load_settings(env: Mapping[str, str] | None = None, cwd: Path | None = None,
             secrets_allow=tuple(str(n) for n in (data.get("secrets") or {}).get("allow", [])
                                 if isinstance(data.get("secrets"), dict)),
             queues=parse_queues(data.get("queues")),
+            pg_recorder=env.get("SAGA_PG_RECORDER") or database.get("recorder", "xid"),
             file=data,
         )
     except ValueError as e:
@@ -215,6 +222,8 @@ def load_settings(env: Mapping[str, str] | None = None, cwd: Path | None = None,
     if overrides:
         settings = Settings(**{**settings.__dict__, **{k: v for k, v in overrides.items()
                                                          if v is not None}})
+    if settings.pg_recorder not in ("xid", "library"):
+        raise ConfigError(f"SAGA_PG_RECORDER must be xid or library, not {settings.pg_recorder!r}")
     if settings.database_url and not settings.is_postgres:
         raise ConfigError("SAGA_DATABASE_URL must start with postgresql:// "
                           "(leave it unset for the embedded SQLite store)")

@@ -225,6 +225,14 @@ class Projection:
         """The highest notification id in the log (0 if the log is empty)."""
         return int(self.app.recorder.max_notification_id() or 0)
 
+    def lag(self) -> int:
+        """How many notifications are not applied yet (ids need not be contiguous)."""
+        position, head = self.position(), self.head()
+        if head <= position:
+            return 0
+        count = getattr(self.app.recorder, "count_notifications", None)
+        return int(count(position, head)) if count is not None else head - position
+
     def catch_up(self, limit: int | None = None, page: int = 500) -> int:
         """Apply up to ``limit`` notifications (all up to the current head if None), in
         pages of ``page``, one transaction per page; return how many were applied."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -38,6 +39,7 @@ from saga.domain import (
 from saga.errors import ConcurrentWriteError, LeaseLostError, SagaError
 from saga.executor import Executor
 from saga.store.application import SagaApplication
+from saga.store.group_commit import GroupCommit
 from saga.store.leases import Claim, Leases, default_worker_id
 from saga.telemetry import metrics
 
@@ -234,6 +236,8 @@ class Worker:
         self.poll_interval = poll_interval
         self.index = RunIndex(app)
         self.driven = 0
+        #: The appends of every run this worker drives at once share a commit.
+        self.group = GroupCommit(app)
 
     def run(self, *, until_idle: bool = False, stop: Callable[[], bool] | None = None) -> int:
         """Work until ``stop()`` says so (or, with ``until_idle``, nothing is runnable);
@@ -242,28 +246,44 @@ class Worker:
 
     async def _run(self, until_idle: bool, stop: Callable[[], bool]) -> int:
         active: dict[str, asyncio.Task[None]] = {}
+        next_tick = 0.0
         while not stop():
-            if self.tick is not None:
+            # Schedules are looked at once per poll interval, not on every completion.
+            if self.tick is not None and time.monotonic() >= next_tick:
+                next_tick = time.monotonic() + self.poll_interval
                 try:
                     self.tick()
                 except Exception:  # a broken schedule must not stop the worker's runs
                     log.exception("firing due schedules failed")
-            self.index.refresh()
             for run_id, task in list(active.items()):
                 if task.done():
                     active.pop(run_id)
             claimed = 0
             held: dict[str, Claim] = {}  # queues at a limit, this look: full or rate
+            if len(active) < self.concurrency:  # full: nothing could be claimed anyway
+                self.index.refresh()
             runnable = self.index.runnable()
             metrics.queue_depth(len(runnable))
+            wanted: list[str] = []
             for run_id in runnable:
-                if len(active) >= self.concurrency or any(self._suspect(r) for r in active):
+                if len(active) + len(wanted) >= self.concurrency \
+                        or any(self._suspect(r) for r in [*active, *wanted]):
                     break
-                if self._suspect(run_id) and active:
+                if self._suspect(run_id) and (active or wanted):
                     continue  # a run its workers died under is driven alone: if it kills
                     # this worker too, no innocent run dies with it and counts a takeover
-                if run_id in active or self._claim(run_id, held) != "claimed":
+                if run_id in active:
                     continue
+                queue, limit, start = self._queue_of(run_id)
+                if limit is None or not limit.limited:
+                    wanted.append(run_id)  # claimed with the others, in one commit
+                elif self._claim(run_id, queue, limit, start, held) == "claimed":
+                    claimed += 1
+                    self.index.claimed(run_id)
+                    active[run_id] = asyncio.ensure_future(self._drive(run_id))
+            queues: list[str | None] = [self._queue_of(r)[0] for r in wanted]
+            for run_id in self.leases.claim_many(wanted, self.worker_id, self.lease_seconds,
+                                                 queues):
                 claimed += 1
                 self.index.claimed(run_id)
                 active[run_id] = asyncio.ensure_future(self._drive(run_id))
@@ -271,6 +291,7 @@ class Worker:
             # once the period passes; one held back by a full queue waits for the runs
             # other workers drive, and is not runnable now.
             if until_idle and not active and not claimed and "rate" not in held.values():
+                break
                 break
             waiting = list(active.values())
             if waiting:
@@ -282,16 +303,16 @@ class Worker:
             task.cancel()
         return self.driven
 
-    def _claim(self, run_id: str, held: dict[str, Claim]) -> Claim:
-        """Claim a run's lease within its queue's limits (``held``: the queues found at a
-        limit in this look, which are not asked again until the next)."""
+    def _queue_of(self, run_id: str) -> tuple[str, QueueLimit | None, bool]:
+        """A run's queue, that queue's limits, and whether claiming it starts the run."""
         followed = self.index.runs.get(run_id)
         queue = followed.queue if followed is not None else DEFAULT_QUEUE
-        start = followed is None or not followed.begun
-        limit = self.queues.get(queue)
-        if limit is None or not limit.limited:
-            claimed = self.leases.claim(run_id, self.worker_id, self.lease_seconds, queue)
-            return "claimed" if claimed else "held"
+        return queue, self.queues.get(queue), followed is None or not followed.begun
+
+    def _claim(self, run_id: str, queue: str, limit: QueueLimit, start: bool,
+               held: dict[str, Claim]) -> Claim:
+        """Claim a run's lease within its queue's limits (``held``: the queues found at a
+        limit in this look, which are not asked again until the next)."""
         if held.get(queue) == "full" or (start and held.get(queue) == "rate"):
             return held[queue]
         outcome = self.leases.claim_queued(run_id, self.worker_id, self.lease_seconds, queue,
@@ -306,10 +327,13 @@ class Worker:
 
     async def _drive(self, run_id: str) -> None:
         lease = self.leases.lease(run_id, self.worker_id, self.lease_seconds)
+        loop = asyncio.get_running_loop()
         try:
-            run = self.app.get_run(run_id)
+            # Reads and the release run in threads: the loop keeps driving other runs.
+            run = await loop.run_in_executor(None, self.app.get_run, run_id)
             if not run.is_finished:
                 executor = self.make_executor(self.worker_id)
+                executor.group = self.group
                 try:
                     await executor.drive_async(run, lease)
                 finally:
@@ -323,6 +347,6 @@ class Worker:
         finally:
             self.driven += 1
             try:
-                lease.release()
+                await loop.run_in_executor(None, lease.release)
             except Exception:  # the lease expires anyway
                 log.warning("could not release the lease on %s", run_id)

@@ -801,6 +801,10 @@ def render(stores: list[Store], budget: Budget, results: dict[str, Any],
            f"run; Python {m['machine']['python']}, eventsourcing "
            f"{m['machine']['eventsourcing']}, git {m['machine'].get('git_head')}.", ""]
     out += [f"- {s.name}: {s.description}" for s in stores]
+    if "targets" in results:
+        from targets import targets_table
+        out += ["", "## 0. Targets (PostgreSQL), beside the commit floor", ""]
+        out += targets_table(results)
     out += ["", "## 1. Engine overhead per step (noop tools)", ""]
     out += engine_table(stores, results)
     out += ["", "Commits are counted as `on_events` calls (one per `save_run` of the run's "
@@ -895,6 +899,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="PostgreSQL URL (a schema bench_<random> is created and dropped)")
     p.add_argument("--out", type=Path, default=HERE / "results",
                    help="where to write <UTC timestamp>.md and .json")
+    p.add_argument("--no-targets", action="store_true",
+                   help="skip section 0 (drains with worker processes, the CLI run)")
     p.add_argument("--seed", type=int, default=None, help="seed of the interleaving order")
     args = p.parse_args(argv)
     args.stores = [s.strip() for s in args.stores.split(",") if s.strip()]
@@ -938,6 +944,12 @@ def main(argv: list[str] | None = None) -> int:
         pg = [s for s in stores if isinstance(s, PostgresStore)]
         if pg:
             postgres_phase(pg[0], budget, rng, results)
+            if not args.no_targets:
+                from targets import targets_phase
+                store = pg[0]
+                results["targets"] = targets_phase(
+                    args.pg_url, args.quick, 1 if args.quick else 3,
+                    lambda: store.floor(budget.floor_commits) * 1000)
         results["profiles"] = []
         # The composition with the highest ratio to the commit floor on each store, and the
         # chain of 20 (where per-step costs dominate the per-run ones) on the first store.

@@ -24,6 +24,7 @@ from saga.domain import Run
 from saga.executor.drive import Drive, EventHook, LeaseLike
 from saga.store.application import SagaApplication
 from saga.store.cache import ToolCache
+from saga.store.group_commit import GroupCommit
 from saga.store.side_tables import Database
 from saga.store.undo import UndoStore
 from saga.tools import Registry
@@ -59,6 +60,8 @@ class Executor:
         self._undo = undo
         self._undo_db: Database | None = None
         self._undo_lock = threading.Lock()
+        #: Set by a worker: appends go through its group commit instead of one by one.
+        self.group: GroupCommit | None = None
         self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="saga-tool")
 
     def close(self) -> None:

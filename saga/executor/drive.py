@@ -97,7 +97,7 @@ class Drive:
     async def _loop(self, keeper: asyncio.Task[None] | None) -> Run:
         while True:
             launches = self._advance()
-            self._save()
+            await self._save()
             for launch in launches:
                 self._launch(*launch)
             if self.run.is_finished or not self.tasks:
@@ -303,11 +303,14 @@ class Drive:
         if heal is not None:
             self.run.start_heal(outcome.step_id, outcome.iteration, outcome.attempt, *heal)
 
-    def _save(self) -> None:
+    async def _save(self) -> None:
         pending = list(self.run.pending_events)
         if not pending:
             return
-        self.x.app.save_run(self.run)
+        if self.x.group is not None:  # a worker's group commit (one commit per turn)
+            await self.x.group.save(self.run)
+        else:
+            self.x.app.save_run(self.run)
         metrics.recorded(self.run.name, pending, self._tool)
         if self.x.on_events is not None:
             self.x.on_events(self.run, pending)

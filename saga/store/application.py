@@ -104,6 +104,32 @@ class SagaApplication(Application[UUID]):
             except IntegrityError:
                 raise ConcurrentWriteError(run.run_id) from None
 
+    def save_runs(self, runs: list[Run]) -> list[Exception | None]:
+        """Append the pending events of several runs in one transaction (group commit),
+        each still fenced by its version. If the batch fails on a conflict, nothing of it
+        was stored: each run is then saved on its own, so one stale run costs only its
+        own events. Returns, per run, None or the error its save raised."""
+        if len(runs) == 1:
+            return [self._save_one(runs[0])]
+        pending = [list(run._pending_events) for run in runs]
+        try:
+            with store_errors("saving runs"):
+                self.save(*runs)
+        except IntegrityError:
+            for run, events in zip(runs, pending, strict=True):
+                run._pending_events = events
+            return [self._save_one(run) for run in runs]
+        except StoreUnavailableError as e:
+            return [e for _ in runs]
+        return [None for _ in runs]
+
+    def _save_one(self, run: Run) -> Exception | None:
+        try:
+            self.save_run(run)
+        except (ConcurrentWriteError, StoreUnavailableError) as e:
+            return e
+        return None
+
     def domain_events(self, run_id: str | UUID) -> list[Any]:
         """Every event of a run, in order, as domain event objects."""
         run = self.get_run(run_id)

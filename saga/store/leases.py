@@ -10,6 +10,12 @@ being driven: :meth:`Leases.claim_queued` counts them, and the queue's recent st
 (``saga_queue_starts``), in the same transaction as the claim, under a lock per queue
 (a transaction-scoped advisory lock in PostgreSQL; SQLite's ``BEGIN IMMEDIATE``
 serialises every writer), so a queue's limits hold across every worker together.
+
+A claim is an ordinary (flushed) commit. Renewals and releases commit without waiting
+for their WAL flush (PostgreSQL; see :meth:`Database.execute`): a server crash can only
+lose one that no later commit flushed, which moves the lease's expiry (a release lost:
+the run waits for its lease to expire; a renewal lost: it may be taken over early, which
+the version fence already covers, as for any expired lease).
 """
 
 from __future__ import annotations
@@ -103,16 +109,39 @@ class Leases:
                                    "VALUES (?, ?)"), (queue, now))
         return "claimed"
 
+    def claim_many(self, run_ids: list[str], worker: str, seconds: float,
+                   queues: list[str | None] | None = None) -> list[str]:
+        """Claim several runs in one commit (each lease counting in its queue, as
+        :meth:`claim`); the ids this worker now holds, in order."""
+        if not run_ids:
+            return []
+        queues = queues if queues is not None else [None] * len(run_ids)
+        now = self.clock()
+        if not self.db.pg:
+            return [r for r, q in zip(run_ids, queues, strict=True)
+                    if self.claim(r, worker, seconds, q)]
+        with self.db.tx() as cur:
+            cur.execute(
+                "INSERT INTO saga_leases (run_id, worker, expires_at, queue) "
+                "SELECT r, %s, %s, q FROM unnest(%s::text[], %s::text[]) AS c(r, q) "
+                "ON CONFLICT (run_id) DO UPDATE "
+                "SET worker = excluded.worker, expires_at = excluded.expires_at, "
+                "queue = excluded.queue "
+                "WHERE saga_leases.expires_at < %s OR saga_leases.worker = excluded.worker "
+                "RETURNING run_id", (worker, now + seconds, list(run_ids), list(queues), now))
+            held = {row[0] for row in cur.fetchall()}
+        return [r for r in run_ids if r in held]
+
     def renew(self, run_id: str, worker: str, seconds: float) -> bool:
         """Extend a lease this worker holds; False if it was taken over."""
         return self.db.execute(
             "UPDATE saga_leases SET expires_at = ? WHERE run_id = ? AND worker = ?",
-            (self.clock() + seconds, run_id, worker)) == 1
+            (self.clock() + seconds, run_id, worker), flush=False) == 1
 
     def release(self, run_id: str, worker: str) -> None:
         """Give the lease up."""
         self.db.execute("DELETE FROM saga_leases WHERE run_id = ? AND worker = ?",
-                        (run_id, worker))
+                        (run_id, worker), flush=False)
 
     def holder(self, run_id: str) -> tuple[str, float] | None:
         """(worker, expires_at) of the current lease, if any."""

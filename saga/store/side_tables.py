@@ -88,10 +88,24 @@ class Database:
             raise
         cur.execute("COMMIT")
 
-    def execute(self, text: str, args: Sequence[Any] = ()) -> int:
-        """Run one statement in its own transaction; returns the row count."""
-        with self.tx() as cur:
-            cur.execute(self.sql(text), tuple(args))
+    def execute(self, text: str, args: Sequence[Any] = (), *, flush: bool = True) -> int:
+        """Run one statement in its own transaction; returns the row count.
+
+        ``flush=False`` (PostgreSQL) commits without waiting for the WAL flush
+        (``synchronous_commit`` off for that transaction only). Only for rows a crash may
+        roll back harmlessly: WAL is flushed in order, so the next ordinary commit of any
+        session (a run's next append, before any tool runs) makes it durable too.
+        """
+        if not self.pg:
+            with self.tx() as cur:
+                cur.execute(self.sql(text), tuple(args))
+                return int(cur.rowcount)
+        with self._lock:
+            if flush:  # one autocommit statement: atomic, one round trip
+                return int(self.conn.execute(self.sql(text), tuple(args)).rowcount)
+            with self.conn.pipeline(), self.conn.transaction():
+                self.conn.execute("SET LOCAL synchronous_commit TO off")
+                cur = self.conn.execute(self.sql(text), tuple(args))
             return int(cur.rowcount)
 
     def query(self, text: str, args: Sequence[Any] = ()) -> list[Row]:

@@ -1,0 +1,136 @@
+"""Drain benchmark: submit N runs of a K-step noop chain, then time worker processes
+draining them (every run driven to completion) on PostgreSQL.
+
+Usage::
+
+    python ops/bench/drain.py [--runs 300] [--steps 5] [--workers 1,4] [--concurrency 64]
+                              [--repeats 3] [--pg-url URL] [--recorder xid|library]
+
+Each repeat and worker count gets a fresh schema ``drain_<random>`` (dropped after): the
+runs are submitted first (not timed), then the worker processes are spawned, connect, wait
+at a barrier, and drain with ``Worker.run(until_idle=True)``; the wall time is from the
+barrier to the last process ending. Reported: runs/s and events/s (median [min..max])
+and the ratio to the first worker count, per repeat, interleaved. Every run is checked
+``completed`` at the end and every run's events counted once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+import uuid
+from typing import Any
+
+DEFAULT_PG_URL = os.environ.get("SAGA_BENCH_DATABASE_URL",
+                                "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def chain(n: int) -> dict[str, Any]:
+    """A chain of ``n`` noop steps."""
+    return {"name": f"drain-chain-{n}", "steps": [
+        {"id": f"s{i}", "tool": "noop", "depends_on": [f"s{i - 1}"] if i else []}
+        for i in range(n)]}
+
+
+def _settings(url: str, schema: str, recorder: str) -> Any:
+    from saga.config import Settings
+    return Settings(database_url=url, schema=schema, actor="drain", pool_size=2,
+                    max_overflow=4, pg_recorder=recorder)
+
+
+def _worker(url: str, schema: str, recorder: str, concurrency: int, barrier: Any,
+            out: Any) -> None:
+    from saga.api import Saga
+    from saga.tools import load_registry
+    with Saga(_settings(url, schema, recorder), registry=load_registry([])) as saga:
+        worker = saga.worker_loop(concurrency=concurrency, poll_interval=0.05)
+        worker.index.refresh()
+        barrier.wait()
+        worker.run(until_idle=True)
+        out.put((worker.driven, worker.group.commits))
+
+
+def drain_once(url: str, runs: int, steps: int, workers: int, concurrency: int,
+               recorder: str) -> dict[str, float]:
+    """One drain of ``runs`` runs by ``workers`` processes; seconds and counts."""
+    import psycopg
+
+    from saga.api import Saga
+    from saga.tools import load_registry
+    schema = f"drain_{uuid.uuid4().hex[:10]}"
+    try:
+        with Saga(_settings(url, schema, recorder), registry=load_registry([])) as saga:
+            plan = saga.load(chain(steps))
+            ids = [saga.submit(plan, {}).run_id for _ in range(runs)]
+            saga.leases  # noqa: B018 - the side tables exist before the workers start
+        ctx = mp.get_context("spawn")
+        barrier, out = ctx.Barrier(workers + 1), ctx.Queue()
+        procs = [ctx.Process(target=_worker, args=(url, schema, recorder, concurrency,
+                                                   barrier, out)) for _ in range(workers)]
+        for p in procs:
+            p.start()
+        barrier.wait(timeout=120)
+        started = time.perf_counter()
+        for p in procs:
+            p.join(timeout=600)
+        seconds = time.perf_counter() - started
+        commits = sum(out.get(timeout=10)[1] for _ in procs)
+        with Saga(_settings(url, schema, recorder), registry=load_registry([])) as saga:
+            done = sum(saga.get(i).status == "completed" for i in ids)
+            events = len(saga.app.recorder.select_notifications(start=None, limit=10**7))
+        if done != runs:
+            raise SystemExit(f"only {done} of {runs} runs completed")
+        return {"seconds": seconds, "runs_per_s": runs / seconds,
+                "events_per_s": events / seconds, "events": events, "commits": commits}
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=300)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--workers", default="1,4")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--pg-url", default=DEFAULT_PG_URL)
+    parser.add_argument("--recorder", default="xid", choices=["xid", "library"])
+    args = parser.parse_args(argv)
+    counts = [int(w) for w in args.workers.split(",")]
+    samples: dict[int, list[dict[str, float]]] = {w: [] for w in counts}
+    for r in range(args.repeats):
+        for w in (counts if r % 2 == 0 else counts[::-1]):  # interleaved
+            s = drain_once(args.pg_url, args.runs, args.steps, w, args.concurrency,
+                           args.recorder)
+            samples[w].append(s)
+            print(f"[drain] repeat {r + 1}: {w} worker(s): {s['seconds']:.2f} s, "
+                  f"{s['runs_per_s']:.0f} runs/s, {s['events_per_s']:.0f} events/s, "
+                  f"{s['commits']} commits", file=sys.stderr, flush=True)
+    base = counts[0]
+    print(f"\n{args.runs} runs of a {args.steps}-step noop chain, concurrency "
+          f"{args.concurrency} per worker, recorder {args.recorder}, "
+          f"{args.repeats} interleaved repeats (median [min..max])\n")
+    print(f"| worker processes | runs/s | events/s | commits | × {base} worker(s) |")
+    print("|---:|---:|---:|---:|---:|")
+    for w in counts:
+        rps = [s["runs_per_s"] for s in samples[w]]
+        ratios = [a["runs_per_s"] / b["runs_per_s"]
+                  for a, b in zip(samples[w], samples[base], strict=True)]
+        print(f"| {w} | {_spread(rps)} | {_spread([s['events_per_s'] for s in samples[w]])} "
+              f"| {statistics.median(s['commits'] for s in samples[w]):.0f} "
+              f"| {_spread(ratios, 2)} |")
+    return 0
+
+
+def _spread(xs: list[float], digits: int = 0) -> str:
+    return (f"{statistics.median(xs):.{digits}f} [{min(xs):.{digits}f}.."
+            f"{max(xs):.{digits}f}]")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

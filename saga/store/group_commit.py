@@ -1,0 +1,58 @@
+"""Group commit: the appends of every run one worker drives, in one transaction per turn.
+
+A worker drives many runs on one event loop. Each drive's append (:meth:`save`) joins
+the batch being gathered; one commit at a time runs, in a thread, while the next batch
+gathers, so N runs that append together pay about one commit instead of N. Each run's
+events are still fenced by its version, and a drive continues only once its own events
+are committed (a step's ``StepStarted`` is durable before its tool runs). A conflict on
+one run fails the batch's transaction; :meth:`SagaApplication.save_runs` then saves the
+runs one by one, so only the stale run gets its error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from saga.domain import Run
+from saga.store.application import SagaApplication
+
+
+class GroupCommit:
+    """Batches the appends of runs driven on one event loop (see the module docs)."""
+
+    def __init__(self, app: SagaApplication, max_batch: int = 256) -> None:
+        self.app = app
+        self.max_batch = max_batch
+        self._waiting: list[tuple[Run, asyncio.Future[None]]] = []
+        self._flushing: asyncio.Task[None] | None = None
+        self.commits = 0  # transactions made (for benchmarks)
+
+    async def save(self, run: Run) -> None:
+        """Append the run's pending events (with whoever else appends now); raises what
+        :meth:`SagaApplication.save_run` would."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append((run, future))
+        if self._flushing is None or self._flushing.done():
+            self._flushing = asyncio.ensure_future(self._flush())
+        await future
+
+    async def _flush(self) -> None:
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(0)  # let the drives that are ready this turn join the batch
+        while self._waiting:
+            batch, self._waiting = (self._waiting[:self.max_batch],
+                                    self._waiting[self.max_batch:])
+            runs = [run for run, _ in batch]
+            try:
+                errors: list[Any] = await loop.run_in_executor(None, self.app.save_runs, runs)
+            except Exception as e:
+                errors = [e for _ in batch]
+            self.commits += 1
+            for (_, future), error in zip(batch, errors, strict=True):
+                if future.done():
+                    continue
+                if error is None:
+                    future.set_result(None)
+                else:
+                    future.set_exception(error)

@@ -1,0 +1,180 @@
+"""A PostgreSQL application recorder whose writers do not serialise on a table lock.
+
+The library's recorder takes ``LOCK TABLE … IN EXCLUSIVE MODE`` (and ``NOTIFY``) in every
+insert so that notification ids (a ``bigserial``) are committed in id order: otherwise a
+reader could pass over an id whose transaction commits later. That lock makes every
+writer of the events table wait for every other one.
+
+This recorder keeps the reader's promise (every notification seen exactly once, in an
+order it can resume from, never passing over a lower id that appears later) another way:
+
+* **Ids follow transaction ids.** An insert is one autocommit statement; each row's
+  notification id is ``xid8 << 20 | n`` where ``xid8`` is the inserting transaction's id
+  (``pg_current_xact_id()``) and ``n`` its 1-based position in the insert. Ids are
+  increasing in the order of the events of one insert, and in transaction-id order
+  between inserts; they are not contiguous.
+* **Readers stop below the horizon.** Before it reads, a reader computes the lowest
+  transaction id ``H`` that may still insert a row: the lowest id of a transaction that
+  was in progress at its snapshot and holds a lock on the events table (or, if there is
+  none, the snapshot's ``xmax``, which every later transaction's id is at least). Then,
+  in a second statement (a newer snapshot), it reads only ids below ``H << 20``.
+
+Why no row is passed over: take a row with id below ``H << 20``, so its transaction T has
+an id below ``H`` (assigned before the first snapshot). If T had finished by then, the
+row is visible to the second statement (or T aborted and there is no row). Otherwise T
+was in progress at the first snapshot; an insert takes the table's ``RowExclusiveLock``
+before its statement assigns the transaction id (the insert is the transaction's only
+statement), so T held that lock: either it still held it when the horizon query read
+``pg_locks`` (then ``H`` would be at most T's id) or it had released it, i.e. finished,
+before the second statement began, whose snapshot then sees the row.
+
+The price: a transaction that keeps a lock on the events table open delays readers (not
+writers) until it ends; readers of a quiet table see every committed row. Every writer of
+one events table must use this recorder (a library recorder's serial ids are far below
+these ids): upgrade all workers of a database together. There is no ``NOTIFY`` (it takes
+a database-wide lock at commit), so :meth:`subscribe` is not supported: saga's readers
+poll :meth:`select_notifications`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from eventsourcing.persistence import (
+    InterfaceError,
+    Notification,
+    OperationalError,
+    ProgrammingError,
+    StoredEvent,
+    Subscription,
+)
+from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
+from eventsourcing.utils import retry
+from psycopg.sql import SQL, Composed, Identifier, Literal
+
+#: Bits of a notification id below the transaction id: events per insert must fit.
+ORDINAL_BITS = 20
+MAX_EVENTS_PER_INSERT = (1 << ORDINAL_BITS) - 1
+
+
+class XidOrderedRecorder(PostgresApplicationRecorder):
+    """An application recorder with transaction-id-ordered notification ids (see the
+    module's documentation): inserts need no table lock, one round trip each."""
+
+    def __init__(self, datastore: PostgresDatastore, *,
+                 events_table_name: str = "stored_events") -> None:
+        super().__init__(datastore, events_table_name=events_table_name)
+        table = SQL("{0}.{1}").format(Identifier(self.datastore.schema),
+                                      Identifier(self.events_table_name))
+        self._table = table
+        id_type = SQL("uuid" if self.datastore.originator_id_type == "uuid" else "text")
+        self._insert = SQL(
+            "INSERT INTO {table} (originator_id, originator_version, topic, state, "
+            "notification_id) "
+            "SELECT e.i, e.v, e.t, e.s, "
+            "(pg_current_xact_id()::text::bigint << {bits}) + e.o "
+            "FROM unnest(%s::{id_type}[], %s::bigint[], %s::text[], %s::bytea[]) "
+            "WITH ORDINALITY AS e(i, v, t, s, o) ORDER BY e.o "
+            "RETURNING notification_id").format(table=table, id_type=id_type,
+                                                bits=SQL(str(ORDINAL_BITS)))
+        qualified = ".".join('"' + name.replace('"', '""') + '"'
+                             for name in (self.datastore.schema, self.events_table_name))
+        # The lowest transaction id that may still add a row (see the module docs):
+        # in-progress xids of this snapshot whose backend holds a lock on the table.
+        self._horizon = SQL(
+            "WITH s AS (SELECT pg_current_snapshot() AS snap) "
+            "SELECT COALESCE(("
+            "  SELECT min(x.x) FROM s, pg_snapshot_xip(s.snap) AS x(x) "
+            "  WHERE (x.x::text::bigint & 4294967295) IN ("
+            "    SELECT t.transactionid::text::bigint FROM pg_locks r JOIN pg_locks t "
+            "    ON t.virtualtransaction = r.virtualtransaction "
+            "    AND t.locktype = 'transactionid' "
+            "    WHERE r.locktype = 'relation' AND r.database = ("
+            "      SELECT oid FROM pg_database WHERE datname = current_database()) "
+            "    AND r.relation = {rel}::regclass)"
+            "), (SELECT pg_snapshot_xmax(s.snap) FROM s))::text::bigint AS h"
+        ).format(rel=Literal(qualified))
+
+    # -- writing ---------------------------------------------------------------------
+
+    @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
+    def insert_events(self, stored_events: Sequence[StoredEvent],
+                      **kwargs: Any) -> Sequence[int] | None:
+        """Insert the events in one autocommit statement (one round trip, atomic)."""
+        if not stored_events:
+            return []
+        if len(stored_events) > MAX_EVENTS_PER_INSERT:
+            raise ProgrammingError(f"at most {MAX_EVENTS_PER_INSERT} events per insert")
+        params = ([e.originator_id for e in stored_events],
+                  [e.originator_version for e in stored_events],
+                  [e.topic for e in stored_events], [e.state for e in stored_events])
+        with self.datastore.get_connection() as conn, conn.cursor() as curs:
+            assert conn.autocommit
+            curs.execute(self._insert, params, prepare=True)
+            return [row["notification_id"] for row in curs.fetchall()]
+
+    # -- reading ---------------------------------------------------------------------
+
+    def horizon(self) -> int:
+        """The first notification id a reader may not pass yet (see the module docs)."""
+        with self.datastore.get_connection() as conn, conn.cursor() as curs:
+            curs.execute(self._horizon, prepare=True)
+            row = curs.fetchone()
+            assert row is not None
+            return int(row["h"]) << ORDINAL_BITS
+
+    @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
+    def select_notifications(self, start: int | None, limit: int, stop: int | None = None,
+                             topics: Sequence[str] = (), *,
+                             inclusive_of_start: bool = True) -> Sequence[Notification]:
+        """Notifications from ``start`` (to ``stop``), below the horizon, in id order."""
+        below = self.horizon()  # its own statement, before the read's snapshot
+        where: list[Composed | SQL] = [SQL("notification_id < %s")]
+        params: list[Any] = [below]
+        if start is not None:
+            where.append(SQL("notification_id >= %s" if inclusive_of_start
+                             else "notification_id > %s"))
+            params.append(start)
+        if stop is not None:
+            where.append(SQL("notification_id <= %s"))
+            params.append(stop)
+        if topics:
+            where.append(SQL("topic = ANY(%s)"))
+            params.append(list(topics))
+        params.append(limit)
+        statement = SQL("SELECT * FROM {table} WHERE {where} "
+                        "ORDER BY notification_id LIMIT %s").format(
+            table=self._table, where=SQL(" AND ").join(where))
+        with self.datastore.get_connection() as conn, conn.cursor() as curs:
+            curs.execute(statement, params, prepare=True)
+            return [Notification(id=row["notification_id"], originator_id=row["originator_id"],
+                                 originator_version=row["originator_version"],
+                                 topic=row["topic"], state=bytes(row["state"]))
+                    for row in curs.fetchall()]
+
+    @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
+    def max_notification_id(self) -> int | None:
+        """The highest notification id a reader can read now (below the horizon)."""
+        below = self.horizon()
+        with self.datastore.get_connection() as conn, conn.cursor() as curs:
+            curs.execute(SQL("SELECT MAX(notification_id) AS m FROM {table} "
+                             "WHERE notification_id < %s").format(table=self._table),
+                         (below,), prepare=True)
+            row = curs.fetchone()
+            return None if row is None or row["m"] is None else int(row["m"])
+
+    def count_notifications(self, after: int, upto: int) -> int:
+        """How many notifications have ids in ``(after, upto]`` (ids are not contiguous)."""
+        with self.datastore.get_connection() as conn, conn.cursor() as curs:
+            curs.execute(SQL("SELECT count(*) AS n FROM {table} WHERE notification_id > %s "
+                             "AND notification_id <= %s").format(table=self._table),
+                         (after, upto), prepare=True)
+            row = curs.fetchone()
+            return 0 if row is None else int(row["n"])
+
+    def subscribe(self, gt: int | None = None,
+                  topics: Sequence[str] = ()) -> Subscription[Any]:
+        """Not supported: inserts send no ``NOTIFY``; poll select_notifications."""
+        raise NotImplementedError("XidOrderedRecorder sends no NOTIFY: poll "
+                                  "select_notifications() instead of subscribing")

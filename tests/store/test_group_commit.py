@@ -1,0 +1,64 @@
+"""Group commit: several runs' appends in one transaction, a stale run failing alone."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from saga.api import Saga
+from saga.errors import ConcurrentWriteError
+from saga.store.group_commit import GroupCommit
+
+FLOW = {"name": "g", "steps": [{"id": "a", "tool": "noop"}]}
+
+
+def test_appends_share_a_commit_and_a_stale_run_fails_alone(saga: Saga) -> None:
+    plan = saga.load(FLOW)
+    runs = [saga.submit(plan, {}) for _ in range(4)]
+    fresh = [saga.app.get_run(r.run_id) for r in runs]
+    stale = saga.app.get_run(runs[2].run_id)
+    other = saga.app.get_run(runs[2].run_id)
+    other.pause("tester", "ahead")  # another writer moves run 2 on first
+    saga.app.save_run(other)
+    stale.pause("tester", "behind")
+    for run in fresh[:2] + fresh[3:]:
+        run.pause("tester", "grouped")
+    group = GroupCommit(saga.app)
+
+    async def save_all() -> list[BaseException | None]:
+        tasks = [group.save(r) for r in [fresh[0], fresh[1], stale, fresh[3]]]
+        return list(await asyncio.gather(*tasks, return_exceptions=True))
+
+    results = asyncio.run(save_all())
+    assert [type(r) for r in results] == [type(None), type(None), ConcurrentWriteError,
+                                          type(None)]
+    assert group.commits == 1  # one batch (retried one by one inside it after the conflict)
+    for i in (0, 1, 3):
+        assert saga.app.get_run(runs[i].run_id).paused
+    assert saga.app.get_run(runs[2].run_id).version == other.version
+
+
+def test_a_batch_without_conflict_is_one_transaction(saga: Saga,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = saga.load(FLOW)
+    runs = [saga.app.get_run(saga.submit(plan, {}).run_id) for _ in range(5)]
+    for run in runs:
+        run.pause("tester", "grouped")
+    calls: list[int] = []
+    original = saga.app.save
+
+    def counting(*aggregates: object, **kw: object) -> object:
+        calls.append(len(aggregates))
+        return original(*aggregates, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(saga.app, "save", counting)
+
+    async def save_all() -> None:
+        await asyncio.gather(*(GroupCommit(saga.app).save(r) for r in runs[:1]))
+        group = GroupCommit(saga.app)
+        await asyncio.gather(*(group.save(r) for r in runs[1:]))
+
+    asyncio.run(save_all())
+    assert calls == [1, 4]
+    assert all(saga.app.get_run(r.run_id).paused for r in runs)
