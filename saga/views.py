@@ -83,7 +83,10 @@ def run_events_after(app: SagaApplication, run_id: str,
     if events:
         return events, len(events) < PAGE and events[-1]["type"] in ENDINGS
     tail = list(store.get(uid, desc=True, limit=1))
-    return [], bool(tail) and type(tail[0]).__name__ in ENDINGS
+    # Ended only if nothing came after ``after`` in the meantime: an event committed
+    # between the two reads is read next time, never skipped by closing early.
+    return [], bool(tail) and tail[0].originator_version <= after \
+        and type(tail[0]).__name__ in ENDINGS
 
 
 class LogReader:

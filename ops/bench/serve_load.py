@@ -75,6 +75,7 @@ async def client_loop(url: str, until: float, stats: dict[str, Any]) -> None:
             stats["run"].append((time.monotonic() - began) * 1000)
             if versions != list(range(1, len(versions) + 1)) or last != "RunCompleted":
                 stats["broken_streams"] += 1
+                stats["broken"].append({"versions": versions[-4:], "last": last})
             stats["events"] += len(versions)
 
 
@@ -112,7 +113,7 @@ def main() -> None:
             except httpx.HTTPError:
                 time.sleep(0.1)
         stats: dict[str, Any] = {"start": [], "run": [], "errors": [], "events": 0,
-                                 "broken_streams": 0}
+                                 "broken_streams": 0, "broken": []}
         until = time.monotonic() + args.seconds
         began = time.monotonic()
 
@@ -132,7 +133,7 @@ def main() -> None:
         "start_ms": {"p50": percentile(stats["start"], 50), "p99": percentile(stats["start"], 99)},
         "run_ms": {"p50": percentile(stats["run"], 50), "p99": percentile(stats["run"], 99)},
         "events": stats["events"], "errors": len(stats["errors"]),
-        "first_errors": stats["errors"][:3], "broken_streams": stats["broken_streams"],
+        "first_errors": stats["errors"][:3], "broken_streams": stats["broken_streams"], "first_broken": stats["broken"][:3],
         "mean_run_ms": round(statistics.mean(stats["run"]), 1) if stats["run"] else None}
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"serve-{store}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.json"

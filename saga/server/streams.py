@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import StreamingResponse
@@ -26,6 +26,7 @@ from saga.views import LogReader, run_events_after
 
 log = logging.getLogger("saga.server")
 router = APIRouter(tags=["events"])
+T = TypeVar("T")
 
 #: Seconds between looks at the store while a stream has nothing new.
 POLL = 0.2
@@ -43,6 +44,27 @@ def resume_point(request: Request, after: int) -> int:
     after ``after``."""
     last = request.headers.get("last-event-id", "").strip()
     return int(last) if last.isdigit() else after
+
+
+#: Seconds a stream keeps asking a busy or unreachable store before it ends.
+RETRY_SECONDS = 30.0
+
+
+async def patiently(func: Callable[..., T], *args: Any) -> T:
+    """``func(*args)`` in a thread, asked again while the store is busy (SQLite's lock
+    under many writers) or briefly unreachable: a stream that ended on the first error
+    would leave its client with a run that seems to stop mid-way."""
+    delay, waited = 0.05, 0.0
+    while True:
+        try:
+            return await run_in_threadpool(func, *args)
+        except Exception as err:
+            if waited >= RETRY_SECONDS:
+                raise
+            log.info("reading the log failed (%s); asking again", err)
+            await asyncio.sleep(delay)
+            waited += delay
+            delay = min(delay * 2, 2.0)
 
 
 def _frame(ident: int, kind: str, data: Any) -> str:
@@ -64,9 +86,9 @@ def run_event_stream(request: Request, svc: Service, run_id: str, after: int
         position, quiet = start, 0.0
         while True:
             try:
-                events, ended = await run_in_threadpool(run_events_after, svc.saga.app, run_id,
-                                                        position)
-            except SagaError as err:  # the store went away: the client reconnects later
+                events, ended = await patiently(run_events_after, svc.saga.app, run_id,
+                                                position)
+            except Exception as err:  # the store stayed away: the client reconnects later
                 log.warning("event stream of %s ends: %s", run_id, err)
                 return
             for event in events:
@@ -98,8 +120,8 @@ def all_events(request: Request, after: int = Query(0, ge=0)) -> StreamingRespon
         position, quiet = start, 0.0
         while True:
             try:
-                events = await run_in_threadpool(reader.after, position)
-            except SagaError as err:
+                events = await patiently(reader.after, position)
+            except Exception as err:
                 log.warning("the event stream ends: %s", err)
                 return
             for event in events:
@@ -189,8 +211,8 @@ async def websocket_events(websocket: WebSocket, run: str | None = None,
             uid = str(run_uuid(run_key))
             position = after
             while True:
-                events, ended = await run_in_threadpool(run_events_after, svc.saga.app, run_key,
-                                                        position)
+                events, ended = await patiently(run_events_after, svc.saga.app, run_key,
+                                                position)
                 for event in events:
                     message = seed_event(event, await run_in_threadpool(reader.run, uid, event))
                     if message is not None:
@@ -203,7 +225,7 @@ async def websocket_events(websocket: WebSocket, run: str | None = None,
                     return
         position = after
         while True:
-            events = await run_in_threadpool(reader.after, position)
+            events = await patiently(reader.after, position)
             for event in events:
                 uid = str(run_uuid(event["run_id"]))
                 message = seed_event(event, reader.run(uid, event))
