@@ -118,14 +118,42 @@ def _finished(view: _View, step_id: str) -> bool:
         state["status"] == "failed" and not retry_pending(state))
 
 
+#: Steps each run has settled (completed, skipped or compensated), as of a version: a
+#: memo of facts about the run, valid while its version only grows and it was not redriven
+#: (a retry re-opens skipped steps), so each decision looks only at unsettled steps.
+_SETTLED: dict[tuple[str, str, str], tuple[int, int, set[str]]] = {}
+
+
+def _settled(view: _View) -> set[str]:
+    run = view.run
+    # A run is one definition, started once: its id, start and definition name it.
+    key = (run.run_id, run.started_at, run.definition_hash)
+    retried = getattr(run, "retried", 0)
+    known = _SETTLED.get(key)
+    if known is None or known[1] != retried or known[0] > run.version:
+        if len(_SETTLED) > 1024:
+            _SETTLED.clear()
+        known = _SETTLED[key] = (run.version, retried, set())
+    else:
+        _SETTLED[key] = (run.version, retried, known[2])
+    return known[2]
+
+
 def _step_actions(view: _View) -> list[Action]:
     actions: list[Action] = []
     slots = [view.plan.definition.max_concurrency - _occupied(view)]
     handed: dict[str, int] = {}  # signals given to waiting steps in this call, by name
+    # Pending steps that cannot start yet: their dependents cannot either, which one set
+    # lookup says (without it, each decision re-checked every later step of a long chain).
+    blocked: set[str] = set()
+    settled = _settled(view)
     for step_id, step in view.plan.steps.items():
+        if step_id in settled:
+            continue  # most steps of a long run: decided long ago
         state = _state(view, step_id)
         if state["status"] in _DONE:
-            continue  # most steps of a long run: decided long ago
+            settled.add(step_id)
+            continue
         wait = state.get("wait") if state["status"] == "running" else None
         if wait and wait.get("signal"):
             action = _signal_delivery(view, step, state, wait["signal"], handed)
@@ -143,7 +171,8 @@ def _step_actions(view: _View) -> list[Action]:
         if state["status"] != "pending":
             continue
         deps = view.plan.dependencies(step_id)
-        if not all(_finished(view, d) for d in deps):
+        if any(d in blocked for d in deps) or not all(_finished(view, d) for d in deps):
+            blocked.add(step_id)
             continue
         failed = [d for d in deps if _failed_for_good(view, view.plan.step(d))]
         if failed:
