@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import json
-from typing import Any, TypedDict
+from typing import Any
 
-from saga.domain import ENDINGS, Run, RunStatus, run_uuid
+from saga.domain import ENDINGS, Run, run_uuid
 from saga.store.application import SagaApplication, event_json
 
 #: Events read from the log per look.
@@ -23,21 +23,6 @@ def row_summary(row: dict[str, Any]) -> dict[str, Any]:
             "definition_hash": row["definition_hash"], "started_at": row["started_at"],
             "finished_at": row["finished_at"], "duration_ms": row["duration_ms"],
             "error": error, "failed_step": row["failed_step"]}
-
-
-class RunState(TypedDict, total=False):
-    """A run as a JSON object (:func:`run_summary`'s shape, without its steps)."""
-
-    run_id: str
-    definition: str  # the composition's name, under the field every command uses
-    name: str  # the same, under its older field name (kept for compatibility)
-    status: RunStatus
-    actor: str | None
-    started_at: str
-    finished_at: str | None
-    outputs: Any
-    error: dict[str, Any] | None
-    failed_step: str | None
 
 
 def run_summary(run: Run, steps: bool = True) -> dict[str, Any]:

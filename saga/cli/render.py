@@ -169,8 +169,9 @@ class _Progress:
         for key, s in run.steps.items():
             st = s["status"]
             shown = f"[{_STATUS_STYLE.get(st, '')}]{st}[/]"
-            if st == "failed" and s.get("retry_at"):
-                left = max((datetime.fromisoformat(s["retry_at"]) - now).total_seconds(), 0)
+            retry_at = s.get("retry_at")
+            if st == "failed" and retry_at:
+                left = max((datetime.fromisoformat(retry_at) - now).total_seconds(), 0)
                 shown = f"[yellow]retrying in {left:.0f}s[/]"
             elif st == "running" and s.get("wait"):
                 shown = "[yellow]waiting[/]"

@@ -23,6 +23,7 @@ from saga.domain.commands import RunCommands
 from saga.domain.vocabulary import (
     TERMINAL,
     RunStatus,
+    StepState,
     iso,
     ms_between,
     priority_of,
@@ -148,7 +149,7 @@ class Run(RunCommands, Aggregate):
         self.context = context
         self.options = options
         self.status = "running"
-        self.steps: dict[str, dict[str, Any]] = {}
+        self.steps: dict[str, StepState] = {}
         self.completion_order: list[str] = []
         self.compensation: dict[str, Any] | None = None
         self.approvals: dict[str, dict[str, Any]] = {}
@@ -187,11 +188,11 @@ class Run(RunCommands, Aggregate):
         """True once the run reached a terminal status."""
         return self.status in TERMINAL
 
-    def step(self, key: str) -> dict[str, Any]:
+    def step(self, key: str) -> StepState:
         """The state of one step execution (status ``pending`` if nothing happened yet)."""
         return self.steps.get(key) or {"status": "pending", "attempt": 0}
 
-    def _step(self, step_id: str, iteration: int) -> dict[str, Any]:
+    def _step(self, step_id: str, iteration: int) -> StepState:
         key = step_key(step_id, iteration)
         if key not in self.steps:
             self.steps[key] = {"step_id": step_id, "iteration": iteration, "status": "pending",
@@ -551,8 +552,8 @@ class Run(RunCommands, Aggregate):
     @property
     def waits(self) -> dict[str, dict[str, Any]]:
         """Steps waiting for a time or a signal, by key."""
-        return {k: s["wait"] for k, s in self.steps.items()
-                if s["status"] == "running" and s.get("wait")}
+        return {k: wait for k, s in self.steps.items()
+                if s["status"] == "running" and (wait := s.get("wait"))}
 
     @property
     def is_waiting(self) -> bool:

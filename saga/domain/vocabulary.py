@@ -70,6 +70,24 @@ class StepState(TypedDict, total=False):
     healing: dict[str, Any] | None
     heals: dict[str, int]
     cache: dict[str, Any] | None
+    wait: dict[str, Any] | None  # a timer or a signal the step waits for
+    retryable: bool
+    compensation_error: dict[str, Any] | None
+
+
+class RunState(TypedDict, total=False):
+    """A run as a JSON object (:func:`saga.views.run_summary`'s shape, without its steps)."""
+
+    run_id: str
+    definition: str  # the composition's name, under the field every command uses
+    name: str  # the same, under its older field name (kept for compatibility)
+    status: RunStatus
+    actor: str | None
+    started_at: str
+    finished_at: str | None
+    outputs: Any
+    error: dict[str, Any] | None
+    failed_step: str | None
 
 
 def event_name(topic: str) -> str:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from saga import expressions, scheduler, secrets
 from saga.composition import Plan
 from saga.composition.definition import Step
-from saga.domain import Run, idempotency_key, step_key
+from saga.domain import Run, StepState, idempotency_key, step_key
 from saga.errors import LeaseLostError, ToolError
 from saga.executor import calls, nesting, outputs
 from saga.executor.calls import Outcome
@@ -231,7 +231,7 @@ class Drive:
             self.tasks.pop(task)
             self.run.fail_step(step_id, iteration, number, error_type, message)
 
-    def _end_wait(self, state: dict[str, Any], wait: dict[str, Any]) -> None:
+    def _end_wait(self, state: StepState, wait: dict[str, Any]) -> None:
         step_id, iteration, attempt = state["step_id"], state["iteration"], state["attempt"]
         waited = calls.ms_between_iso(state.get("attempt_started_at"), self.x.clock())
         if wait["signal"] is None:

@@ -21,7 +21,7 @@ from saga.composition.graph_form import (
     TransitionCondition,
     gate_step_id,
 )
-from saga.domain import Run, child_run_id, step_key
+from saga.domain import Run, StepState, child_run_id, step_key
 from saga.scheduler.actions import (
     Action,
     CompleteStep,
@@ -91,7 +91,7 @@ class _Decision:
 
     def __init__(self, plan: GraphPlan, run: Run) -> None:
         self.plan, self.run = plan, run
-        self.instances: dict[str, dict[int, dict[str, Any]]] = {}
+        self.instances: dict[str, dict[int, StepState]] = {}
         for state in run.steps.values():
             self.instances.setdefault(state["step_id"], {})[state["iteration"]] = state
         self.position = {key: i for i, key in enumerate(run.completion_order)}
@@ -105,7 +105,7 @@ class _Decision:
         self.index = {n: sum(len(self.takes[eid]) for eid, (_, body) in plan.loops.items()
                              if n in body) for n in plan.nodes}
 
-    def state(self, node: str, iteration: int | None = None) -> dict[str, Any]:
+    def state(self, node: str, iteration: int | None = None) -> StepState:
         """A node's state at an iteration (default: its current one)."""
         i = self.index[node] if iteration is None else iteration
         return self.instances.get(node, {}).get(i) or {"status": "pending", "iteration": i}

@@ -79,7 +79,7 @@ def retry_pending(state: StepState | dict[str, Any]) -> bool:
     return state["status"] == "failed" and state.get("retry_at") is not None
 
 
-def is_loop_parent(plan: Plan, state: dict[str, Any]) -> bool:
+def is_loop_parent(plan: Plan, state: StepState | dict[str, Any]) -> bool:
     """True for the state of a for-each or repeat step itself (not one of its iterations)."""
     return state["iteration"] == 0 and plan.step(state["step_id"]).iterates
 

@@ -15,7 +15,7 @@ from typing import Any
 from saga import expressions
 from saga.composition import Plan
 from saga.composition.definition import Step, parse_duration
-from saga.domain import Run, child_run_id, ms_between, step_key
+from saga.domain import Run, StepState, child_run_id, ms_between, step_key
 from saga.errors import ExpressionError
 from saga.scheduler.actions import (
     Action,
@@ -74,10 +74,10 @@ def decide(plan: Plan, run: Run) -> list[Action]:
     return [_complete(view)]
 
 
-_PENDING: dict[str, Any] = {"status": "pending", "attempt": 0}  # read only
+_PENDING: StepState = {"status": "pending", "attempt": 0}  # read only
 
 
-def _state(view: _View, step_id: str) -> dict[str, Any]:
+def _state(view: _View, step_id: str) -> StepState:
     # A step's own execution is keyed by its id (step_key(id, 0) is the id).
     return view.run.steps.get(step_id) or _PENDING
 
@@ -188,7 +188,7 @@ def _step_actions(view: _View) -> list[Action]:
     return actions
 
 
-def _iteration_actions(view: _View, step: Step, parent: dict[str, Any],
+def _iteration_actions(view: _View, step: Step, parent: StepState,
                        slots: list[int]) -> list[Action]:
     """A running for-each step: start, retry or wait for its iterations, then complete it
     with their outputs in item order (or fail it once an iteration failed for good)."""
@@ -218,7 +218,7 @@ def _iteration_actions(view: _View, step: Step, parent: dict[str, Any],
                                       for s in states])]
 
 
-def _retry(step: Step, iteration: int, state: dict[str, Any]) -> Action:
+def _retry(step: Step, iteration: int, state: StepState) -> Action:
     """The next attempt of a failed step, after the remedies of an auto-heal if one runs."""
     healing = state.get("healing")
     if healing:
@@ -229,7 +229,7 @@ def _retry(step: Step, iteration: int, state: dict[str, Any]) -> Action:
                      not_before=state["retry_at"])
 
 
-def _repeat_actions(view: _View, step: Step, parent: dict[str, Any]) -> list[Action]:
+def _repeat_actions(view: _View, step: Step, parent: StepState) -> list[Action]:
     """A running repeat-until step: run iteration k+1 until ``until`` holds over iteration
     k's output, at most ``max_iterations`` times; reaching the bound fails the step."""
     bound = parent["parameters"]["repeat"]
@@ -301,7 +301,7 @@ def _iteration_start(view: _View, step: Step, iteration: int, item: Any) -> Acti
         return FailStep(step.id, iteration, 1, type(e).__name__, f"parameters: {e}")
 
 
-def _signal_delivery(view: _View, step: Step, state: dict[str, Any], name: str,
+def _signal_delivery(view: _View, step: Step, state: StepState, name: str,
                      handed: dict[str, int]) -> Action | None:
     """A step waiting for a signal completes with the oldest signal of that name no step
     took yet (steps waiting for the same name take them in plan order)."""
