@@ -63,7 +63,7 @@ class Saga:
     def __init__(self, settings: Settings | None = None, *, tools: Iterable[str] = (),
                  registry: Registry | None = None, worker: str | None = None) -> None:
         self.settings = settings or load_settings()
-        expressions.configure(self.settings.expression_seconds)
+        expressions.configure(**self.settings.expression_limits())
         self._tool_modules = tuple(self.settings.tools) + tuple(tools)
         self._registry = registry
         self._app: SagaApplication | None = None

@@ -93,12 +93,23 @@ class Settings:
     secrets_allow: tuple[str, ...] = ()
     #: Seconds one template, condition or compute block may take (``[limits]``).
     expression_seconds: float = 2.0
+    #: The largest value an expression may make, and the most items one value may hold
+    #: (``[limits] max_value_size``, ``max_items``; None: the built-in 10,000,000 and
+    #: 1,000,000).
+    expression_max_value_size: int | None = None
+    expression_max_items: int | None = None
     #: Limits per queue (saga.toml ``[queues.NAME]``); a queue not named has none.
     queues: dict[str, QueueLimit] = field(default_factory=dict)
     #: PostgreSQL recorder: "xid" (no table lock; see saga.store.pg_recorder) or
     #: "library" (eventsourcing's own, which serialises writers on a table lock).
     pg_recorder: str = "xid"
     file: dict[str, Any] = field(default_factory=dict)
+
+    def expression_limits(self) -> dict[str, Any]:
+        """The ``[limits]`` settings as :func:`saga.expressions.configure` takes them."""
+        return {"seconds": self.expression_seconds,
+                "max_value_size": self.expression_max_value_size,
+                "max_items": self.expression_max_items}
 
     @property
     def is_postgres(self) -> bool:
@@ -211,6 +222,9 @@ def load_settings(env: Mapping[str, str] | None = None, cwd: Path | None = None,
             undo_key=env.get("SAGA_UNDO_KEY") or None,
             expression_seconds=float(env.get("SAGA_EXPRESSION_SECONDS")
                                      or (data.get("limits") or {}).get("expression_seconds", 2)),
+            expression_max_value_size=_int_or_none((data.get("limits") or {})
+                                                   .get("max_value_size")),
+            expression_max_items=_int_or_none((data.get("limits") or {}).get("max_items")),
             secrets_allow=tuple(str(n) for n in (data.get("secrets") or {}).get("allow", [])
                                 if isinstance(data.get("secrets"), dict)),
             queues=parse_queues(data.get("queues")),
@@ -228,3 +242,7 @@ def load_settings(env: Mapping[str, str] | None = None, cwd: Path | None = None,
         raise ConfigError("SAGA_DATABASE_URL must start with postgresql:// "
                           "(leave it unset for the embedded SQLite store)")
     return settings
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)

@@ -16,12 +16,12 @@ from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
 
 from saga.errors import ExpressionError, ExpressionLimit
+from saga.expressions import limits
 from saga.expressions.interpreter import (
     _finalize,
 )
 from saga.expressions.limits import (
     _DEADLINE,
-    _MAX_SIZE,
     _PY_ERRORS,
     _mod,
     _mul,
@@ -155,9 +155,9 @@ def _bounded_text(source: str, namespace: Mapping[str, Any], deadline: float) ->
     size = 0
     for part in _text_template(source).generate(dict(namespace)):
         size += len(part)
-        if size > _MAX_SIZE:
+        if size > limits._MAX_SIZE:
             raise ExpressionLimit(f"expression limit: the template makes more than "
-                                  f"{_MAX_SIZE} characters (max_value_size)", source)
+                                  f"{limits._MAX_SIZE} characters (max_value_size)", source)
         check_time(deadline, source)
         parts.append(part)
     return "".join(parts)

@@ -200,13 +200,24 @@ _DEADLINE: ContextVar[float | None] = ContextVar("saga_expression_deadline", def
 _SECONDS = [DEFAULT_SECONDS]
 
 
-def configure(seconds: float | None = None) -> None:
-    """Set the wall-clock budget of every evaluation in this process (saga.toml
-    ``[limits] expression_seconds``)."""
+def configure(seconds: float | None = None, *, max_value_size: int | None = None,
+              max_items: int | None = None) -> None:
+    """Set the limits of every evaluation in this process (saga.toml ``[limits]``): the
+    wall-clock budget (``expression_seconds``), the largest string or collection an
+    operation may make (``max_value_size``), and how many items one value may nest or a
+    repetition may make (``max_items``)."""
+    global _MAX_SIZE, _MAX_REPEAT
     if seconds is not None:
         if seconds <= 0:
             raise ValueError("expression_seconds must be positive")
         _SECONDS[0] = float(seconds)
+    for name, value in (("max_value_size", max_value_size), ("max_items", max_items)):
+        if value is not None and value < 1_000:
+            raise ValueError(f"{name} must be at least 1000")
+    if max_value_size is not None:
+        _MAX_SIZE = max_value_size
+    if max_items is not None:
+        _MAX_REPEAT = max_items
 
 
 def budget(seconds: float | None = None) -> float:

@@ -14,7 +14,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from saga.expressions.limits import _MAX_SIZE, _limit, _Refusal, _walk
+from saga.expressions import limits
+from saga.expressions.limits import _limit, _Refusal, _walk
 
 #: Longest text a regular expression may search (characters).
 MAX_REGEX_TEXT = 1_000_000
@@ -55,7 +56,7 @@ def _dumps(value: Any, *, indent: int | None = None, sort_keys: bool = False) ->
 def _loads(text: str) -> Any:
     if not isinstance(text, str):
         raise _Refusal("json.loads takes a string")
-    _limit(len(text), _MAX_SIZE, "json.loads text")
+    _limit(len(text), limits._MAX_SIZE, "json.loads text")
     return json.loads(text)
 
 
@@ -88,7 +89,7 @@ def _sub(pattern: Any, replacement: Any, text: Any, count: int = 0) -> str:
         raise _Refusal("re.sub replaces strings in a string")
     _limit(len(text), MAX_REGEX_TEXT, "re.sub text")
     result = re.sub(_pattern(pattern), replacement, text, count=count)
-    _limit(len(result), _MAX_SIZE, "re.sub result")
+    _limit(len(result), limits._MAX_SIZE, "re.sub result")
     return result
 
 

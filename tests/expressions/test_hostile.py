@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -130,3 +131,21 @@ def test_a_steps_timeout_covers_its_templates(lite: Saga) -> None:
         {"id": "burn", "tool": "echo", "timeout": 0.5, "args": {"x": burner}}]}))
     assert run.status == "failed"
     assert run.steps["burn"]["error"]["type"] == "ExpressionLimit"
+
+
+def test_the_size_limits_come_from_saga_toml(tmp_path: Any) -> None:
+    from saga.config import load_settings
+
+    (tmp_path / "saga.toml").write_text("[limits]\nmax_value_size = 5000\nmax_items = 2000\n",
+                                        encoding="utf-8")
+    settings = load_settings(cwd=tmp_path)
+    assert (settings.expression_max_value_size, settings.expression_max_items) == (5000, 2000)
+    try:
+        configure(**settings.expression_limits())
+        with pytest.raises(ExpressionLimit, match="too large"):
+            render("{{ 'a' * 3000 }}", {})  # a repetition past max_items
+        with pytest.raises(ExpressionLimit, match="max_value_size 5000"):
+            render("{{ 'a' | center(6000) }}", {})
+        assert render("{{ 'a' * 1500 }}", {}) == "a" * 1500
+    finally:
+        configure(DEFAULT_SECONDS, max_value_size=10_000_000, max_items=1_000_000)
