@@ -34,6 +34,7 @@ from saga.errors import (
     RunNotFoundError,
     RunStateError,
     SagaError,
+    StoreUnavailableError,
 )
 from saga.executor import EventHook, Executor
 from saga.projection import Projection
@@ -301,7 +302,10 @@ class Saga:
             return executor.drive(run, lease)
         finally:
             executor.close()
-            lease.release()
+            try:
+                lease.release()
+            except StoreUnavailableError as e:  # it expires anyway
+                log.info("could not release the lease on run %s: %s", run.run_id, e)
 
     def resume(self, run_id: str, *, on_events: EventHook | None = None) -> Run:
         """Continue a recorded run that is not finished: after an approval, or after the

@@ -32,6 +32,9 @@ class Settings:
     max_overflow: int = 4
     snapshot_interval: int = 100
     lease_seconds: float = 30.0
+    #: How long one store operation keeps reconnecting to a lost PostgreSQL before it
+    #: gives up (StoreUnavailableError, exit 3); worker loops wait on beyond it.
+    reconnect_seconds: float = 30.0
     #: The longest wait ``saga run`` (driving in process) waits out; a longer one returns
     #: the run ``waiting`` for a worker.
     hold_seconds: float = 60.0
@@ -147,6 +150,8 @@ def load_settings(env: Mapping[str, str] | None = None, cwd: Path | None = None,
                                   or data.get("snapshot_interval", 100)),
             lease_seconds=float(env.get("SAGA_LEASE_SECONDS") or data.get("lease_seconds", 30)),
             hold_seconds=float(env.get("SAGA_HOLD_SECONDS") or data.get("hold_seconds", 60)),
+            reconnect_seconds=float(env.get("SAGA_RECONNECT_SECONDS")
+                                    or data.get("reconnect_seconds", 30)),
             audit_key=env.get("SAGA_AUDIT_KEY") or None,
             expression_seconds=float(env.get("SAGA_EXPRESSION_SECONDS")
                                      or (data.get("limits") or {}).get("expression_seconds", 2)),

@@ -18,10 +18,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from saga.domain import DECISIONS, TERMINAL, RunStatus, event_name, status_after, step_key
-from saga.errors import ConcurrentWriteError, LeaseLostError, SagaError
+from saga.errors import ConcurrentWriteError, LeaseLostError, SagaError, StoreUnavailableError
 from saga.executor import Executor
 from saga.store.application import SagaApplication
 from saga.store.leases import Leases, default_worker_id
+from saga.store.reconnect import backoff
 
 log = logging.getLogger("saga.worker")
 
@@ -58,7 +59,7 @@ class RunIndex:
     def refresh(self) -> None:
         """Read the log since the last refresh."""
         while True:
-            page = self.app.recorder.select_notifications(start=self.position + 1, limit=1000)
+            page = self.app.notifications(self.position + 1, 1000)
             for n in page:
                 if event_name(n.topic) == "RunStarted" and _has_parent(n.state):
                     self.children.add(str(n.originator_id))
@@ -189,42 +190,65 @@ class Worker:
         return asyncio.run(self._run(until_idle, stop or (lambda: False)))
 
     async def _run(self, until_idle: bool, stop: Callable[[], bool]) -> int:
-        leases = self.leases
         active: dict[str, asyncio.Task[None]] = {}
+        failures = 0  # rounds in a row that found the store unreachable
         while not stop():
-            if self.tick is not None:
-                try:
-                    self.tick()
-                except Exception:  # a broken schedule must not stop the worker's runs
-                    log.exception("firing due schedules failed")
-            self.index.refresh()
-            for run_id, task in list(active.items()):
-                if task.done():
-                    active.pop(run_id)
-            claimed = 0
-            for run_id in self.index.runnable():
-                if len(active) >= self.concurrency or any(self._suspect(r) for r in active):
-                    break
-                if self._suspect(run_id) and active:
-                    continue  # a run its workers died under is driven alone: if it kills
-                    # this worker too, no innocent run dies with it and counts a takeover
-                if run_id in active or not leases.claim(run_id, self.worker_id,
-                                                        self.lease_seconds):
-                    continue
-                claimed += 1
-                self.index.claimed(run_id)
-                active[run_id] = asyncio.ensure_future(self._drive(run_id))
+            try:
+                claimed = self._look(active)
+            except StoreUnavailableError as e:
+                # Each store call already rode out what it could; wait, then look again.
+                failures += 1
+                if failures == 1:
+                    log.warning("worker %s: %s; retrying with backoff", self.worker_id, e)
+                await self._pause(active, backoff(failures))
+                continue
+            if failures:
+                log.warning("worker %s: the store is back", self.worker_id)
+                failures = 0
             if until_idle and not active and not claimed:
                 break
-            waiting = list(active.values())
-            if waiting:
-                await asyncio.wait(waiting, timeout=self.poll_interval,
-                                   return_when=asyncio.FIRST_COMPLETED)
-            else:
-                await asyncio.sleep(self.poll_interval)
+            await self._pause(active, self.poll_interval)
         for task in active.values():
             task.cancel()
         return self.driven
+
+    def _look(self, active: dict[str, asyncio.Task[None]]) -> int:
+        """One look for work: fire due schedules, follow the log, claim what is runnable
+        (up to ``concurrency`` drives); how many runs were claimed."""
+        if self.tick is not None:
+            try:
+                self.tick()
+            except StoreUnavailableError:
+                raise
+            except Exception:  # a broken schedule must not stop the worker's runs
+                log.exception("firing due schedules failed")
+        self.index.refresh()
+        for run_id, task in list(active.items()):
+            if task.done():
+                active.pop(run_id)
+        claimed = 0
+        for run_id in self.index.runnable():
+            if len(active) >= self.concurrency or any(self._suspect(r) for r in active):
+                break
+            if self._suspect(run_id) and active:
+                continue  # a run its workers died under is driven alone: if it kills
+                # this worker too, no innocent run dies with it and counts a takeover
+            if run_id in active or not self.leases.claim(run_id, self.worker_id,
+                                                         self.lease_seconds):
+                continue
+            claimed += 1
+            self.index.claimed(run_id)
+            active[run_id] = asyncio.ensure_future(self._drive(run_id))
+        return claimed
+
+    @staticmethod
+    async def _pause(active: dict[str, asyncio.Task[None]], seconds: float) -> None:
+        """Wait ``seconds``, or less if a drive ends first."""
+        if active:
+            await asyncio.wait(list(active.values()), timeout=seconds,
+                               return_when=asyncio.FIRST_COMPLETED)
+        else:
+            await asyncio.sleep(seconds)
 
     def _suspect(self, run_id: str) -> bool:
         followed = self.index.runs.get(run_id)
@@ -242,6 +266,8 @@ class Worker:
                     executor.close()
         except (ConcurrentWriteError, LeaseLostError) as e:
             log.info("backing off run %s: %s", run_id, e)
+        except StoreUnavailableError as e:  # taken up again once the store is back
+            log.warning("run %s: %s; it will be driven again", run_id, e)
         except SagaError as e:
             log.error("run %s: %s", run_id, e)
         except Exception:
