@@ -24,7 +24,7 @@ from saga.chain import json_safe
 from saga.composition import Plan, plan_of
 from saga.composition.definition import parse_duration, resolve_inputs
 from saga.config import Settings, load_settings
-from saga.domain import Run, check_labels, check_run_id
+from saga.domain import Run, check_labels, check_run_id, names_a_run
 from saga.errors import (
     ConcurrentWriteError,
     ExpressionError,
@@ -479,6 +479,8 @@ class Saga:
         """A run's id from its id, its name, or a unique prefix of either (at least 4
         characters, as git takes short hashes); RunNotFoundError when none or several
         runs match."""
+        if not names_a_run(run_id):
+            raise RunNotFoundError(run_id)
         try:
             self.app.get_run(run_id)
             return run_id
@@ -574,7 +576,7 @@ class Saga:
         return run
 
 
-_SIGNAL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,99}$")
+_SIGNAL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,99}\Z")
 def _secret_inputs(plan: Plan) -> set[str]:
     return {spec.name for spec in plan.definition.inputs if spec.secret}
 

@@ -485,6 +485,8 @@ def text_problems(data: Any, path: str = "") -> list[Problem]:
 
 def load_file(path: str | Path) -> dict[str, Any]:
     """Read a composition file (``.yaml``, ``.yml`` or ``.json``) into raw data."""
+    if "\x00" in str(path):  # no file system has such a name (open() raises ValueError)
+        raise DefinitionError([Problem("", "the file name contains a NUL character")])
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")

@@ -145,8 +145,21 @@ def ms_between(start: str | None, end: str) -> int | None:
     return round(delta.total_seconds() * 1000)
 
 
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,199}$")
-_LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
+# \Z, not $: "$" also matches before a final newline, which no id or key may end with.
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,199}\Z")
+_LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}\Z")
+
+
+def names_a_run(text: str) -> bool:
+    """Whether ``text`` can be a run's id or chosen name, or the prefix of one; anything
+    else (a lone surrogate from a mangled command line, say) names no run."""
+    if not isinstance(text, str):
+        return False
+    try:
+        UUID(text)
+    except ValueError:
+        return bool(_RUN_ID.match(text))
+    return True
 
 
 def check_run_id(run_id: str) -> str:
