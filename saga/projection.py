@@ -370,7 +370,7 @@ class Projection:
         """True if approvals are still pending after the decision ``n`` (which needs the
         run's earlier requests; read from the log, outside any transaction)."""
         pending: set[str] = set()
-        for e in self.app.events_of(UUID(str(n.originator_id)), n.originator_version):
+        for e in self.app.events_of(UUID(str(n.originator_id)), lte=n.originator_version):
             if isinstance(e, Run.ApprovalRequested):
                 pending.add(e.step_id)
             elif isinstance(e, Run.ApprovalGranted | Run.ApprovalRejected):

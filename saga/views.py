@@ -71,12 +71,11 @@ def run_summary(run: Run, steps: bool = True) -> dict[str, Any]:
 def run_events_after(app: SagaApplication, run_id: str,
                      after: int) -> tuple[list[dict[str, Any]], bool]:
     """The run's events after version ``after`` as JSON, and whether the run has ended."""
-    store = app.repository.event_store
     uid = run_uuid(run_id)
-    events = [event_json(e) for e in store.get(uid, gt=after, limit=PAGE)]
+    events = [event_json(e) for e in app.events_of(uid, gt=after, limit=PAGE)]
     if events:
         return events, len(events) < PAGE and events[-1]["type"] in ENDINGS
-    tail = list(store.get(uid, desc=True, limit=1))
+    tail = app.events_of(uid, desc=True, limit=1)
     return [], bool(tail) and type(tail[0]).__name__ in ENDINGS
 
 
@@ -92,7 +91,7 @@ class LogReader:
         """Up to a page of events after ``position``."""
         app = self.app
         out = []
-        for n in app.recorder.select_notifications(start=position + 1, limit=PAGE):
+        for n in app.notifications(position + 1, PAGE):
             event = event_json(app.mapper.to_domain_event(n))
             event["position"] = n.id
             event["run_id"] = self.run(str(n.originator_id), event)["run_id"]

@@ -169,10 +169,11 @@ class SagaApplication(Application[UUID]):
         run = self.get_run(run_id)
         return self._io("reading history", lambda: list(self.repository.event_store.get(run.id)))
 
-    def events_of(self, run_id: str | UUID, version: int | None = None) -> list[Any]:
-        """A run's events up to ``version`` (all if None), without loading the run."""
-        return self._io("reading history", lambda: list(
-            self.repository.event_store.get(run_uuid(run_id), lte=version)))
+    def events_of(self, run_id: str | UUID, *, gt: int | None = None, lte: int | None = None,
+                  desc: bool = False, limit: int | None = None) -> list[Any]:
+        """A run's events (after version ``gt``, up to ``lte``), without loading the run."""
+        return self._io("reading history", lambda: list(self.repository.event_store.get(
+            run_uuid(run_id), gt=gt, lte=lte, desc=desc, limit=limit)))
 
     def history(self, run_id: str | UUID) -> list[dict[str, Any]]:
         """Every event of a run, in order, as plain JSON objects."""
