@@ -354,6 +354,13 @@ def test_a_dry_run_records_nothing(home: Path, data: Any, pairs: list[str],
 
 @FUZZ
 @given(data=valid_composition() | composition(), pairs=input_pairs)
+# A lone surrogate (JSON writes "\ud800") passed validation, then the run's first event
+# could not be encoded: exit 1 from the catch-all. Now refused up front, like a NUL.
+@example(data={"name": "s", "steps": [{"id": "A", "tool": "echo",
+                                       "args": {"x": {"\ud800": None}}}]}, pairs=[])
+@example(data={"name": "s", "steps": [{"id": "A", "tool": "echo", "args": {"x": "\ud800"}}]},
+         pairs=[])
+@example(data={"name": "s", "steps": [{"id": "A", "tool": "noop"}]}, pairs=["q=\ud800"])
 def test_a_run_is_recorded_whole_or_not_at_all(home: Path, data: Any,
                                                pairs: list[str]) -> None:
     steps = data.get("steps") if isinstance(data, dict) else None

@@ -1,4 +1,5 @@
-"""What users write: pydantic models of a composition, and loading it from YAML or JSON.
+"""What users write: pydantic models of a composition (read from YAML or JSON by
+:mod:`saga.composition.text`).
 
 The step-list form is accepted exactly as users' documents write it (JSON with
 ``parameters``/``output_key``/``depends_on``; YAML with ``args``/``output``/``condition``),
@@ -10,10 +11,8 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -24,7 +23,12 @@ from pydantic import (
 )
 
 from saga.chain import definition_hash
-from saga.errors import DefinitionError, InputError, Problem
+from saga.composition.text import load_file, parse_text, text_problems
+from saga.errors import InputError, Problem
+
+__all__ = ["Definition", "InputSpec", "RetryPolicy", "Step", "ToolCall", "build",
+           "check_value", "coerce_text", "load_file", "parse_duration", "parse_text",
+           "resolve_inputs", "text_problems"]
 
 InputType = Literal["string", "integer", "number", "boolean", "array", "object", "any"]
 FailureStrategy = Literal["fail_fast", "partial_success", "rollback", "retry"]
@@ -377,127 +381,6 @@ class Definition(_Model):
         return definition_hash(self.to_json())
 
 
-#: How many nodes a document may expand to once its aliases are followed (a YAML
-#: "billion laughs" file is a few lines that expand to billions).
-MAX_EXPANDED_NODES = 200_000
-
-
-class _Loader(yaml.SafeLoader):
-    """YAML's safe loader, refusing duplicate keys (YAML's last-wins hides typos) and
-    documents whose aliases expand beyond :data:`MAX_EXPANDED_NODES`."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, str | int | float | bool) and key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
-    """Nodes the document holds once every alias is expanded (shared nodes counted each
-    time they are used)."""
-    known = memo.get(id(node))
-    if known is not None:
-        return known
-    memo[id(node)] = 1  # a recursive alias counts once instead of forever
-    size = 1
-    if isinstance(node, yaml.MappingNode):
-        size += sum(_expanded_size(k, memo) + _expanded_size(v, memo) for k, v in node.value)
-    elif isinstance(node, yaml.SequenceNode):
-        size += sum(_expanded_size(v, memo) for v in node.value)
-    memo[id(node)] = min(size, MAX_EXPANDED_NODES + 1)
-    return memo[id(node)]
-
-
-def _pairs_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    keys = [k for k, _ in pairs]
-    duplicate = next((k for i, k in enumerate(keys) if k in keys[:i]), None)
-    if duplicate is not None:
-        raise ValueError(f"duplicate key {duplicate!r}")
-    return dict(pairs)
-
-
-def parse_text(text: str, source: str = "<text>") -> dict[str, Any]:
-    """Parse JSON or YAML text into a mapping, or raise DefinitionError.
-
-    JSON is read as JSON first (so ``\\ud83d\\ude00`` escapes, as Python's ``json.dumps``
-    writes them, are one character); anything else as YAML. Either way a duplicate key is
-    an error, and so is a document that expands beyond :data:`MAX_EXPANDED_NODES` nodes.
-    """
-    try:
-        data = _parse(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        detail = getattr(e, "problem", None) or " ".join(str(e).split())
-        raise DefinitionError([Problem(where, f"not valid YAML/JSON: {detail}")], source) from e
-    except (ValueError, RecursionError) as e:
-        detail = "nested too deeply" if isinstance(e, RecursionError) else str(e)
-        raise DefinitionError([Problem("", f"not valid YAML/JSON: {detail}")], source) from e
-    if not isinstance(data, dict):
-        raise DefinitionError([Problem("", "a composition must be a mapping")], source)
-    problems = text_problems(data)
-    if problems:
-        raise DefinitionError(problems, source)
-    return data
-
-
-def _parse(text: str) -> Any:
-    if text.lstrip().startswith("{"):
-        try:
-            return json.loads(text, object_pairs_hook=_pairs_without_duplicates)
-        except json.JSONDecodeError:
-            pass  # YAML's flow style also starts with "{"
-    loader = _Loader(text)
-    try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        if _expanded_size(node, {}) > MAX_EXPANDED_NODES:
-            raise ValueError(f"the document expands to more than {MAX_EXPANDED_NODES} nodes "
-                             "through its aliases")
-        return loader.construct_document(node)
-    finally:
-        loader.dispose()
-
-
-def text_problems(data: Any, path: str = "") -> list[Problem]:
-    """Text no store can keep as a name or value: a NUL character, anywhere."""
-    if isinstance(data, str):
-        return [Problem(path, "contains a NUL character")] if "\x00" in data else []
-    if isinstance(data, dict):
-        problems = []
-        for key, value in data.items():
-            where = f"{path}.{key}" if path else str(key)
-            if isinstance(key, str) and "\x00" in key:
-                problems.append(Problem(path, "a key contains a NUL character"))
-                where = path
-            problems += text_problems(value, where)
-        return problems
-    if isinstance(data, list):
-        return [p for i, v in enumerate(data) for p in text_problems(v, f"{path}[{i}]")]
-    return []
-
-
-def load_file(path: str | Path) -> dict[str, Any]:
-    """Read a composition file (``.yaml``, ``.yml`` or ``.json``) into raw data."""
-    if "\x00" in str(path):  # no file system has such a name (open() raises ValueError)
-        raise DefinitionError([Problem("", "the file name contains a NUL character")])
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise DefinitionError([Problem("", f"cannot read file: {e.strerror}")], str(path)) from e
-    except UnicodeDecodeError as e:
-        raise DefinitionError([Problem("", f"not UTF-8 text: {e.reason} at byte {e.start}")],
-                              str(path)) from e
-    return parse_text(text, str(path))
-
-
 def build(data: dict[str, Any], source: str | None = None) -> tuple[Definition | None,
                                                                     list[Problem]]:
     """Validate raw data into a Definition; return it (or None) with every model problem."""
@@ -578,10 +461,15 @@ def resolve_inputs(definition: Definition, given: dict[str, Any]) -> dict[str, A
     A composition that declares no inputs accepts any (seed 001 declares none but reads
     ``input.query``); one that declares inputs rejects unknown names, so typos surface.
     """
+    unrecordable = [Problem(f"inputs.{p.path}" if p.path else "inputs", p.message)
+                    for p in text_problems(given, nul=False)]
     if not definition.inputs:
+        if unrecordable:
+            raise InputError(unrecordable)
         return dict(given)
     specs = {spec.name: spec for spec in definition.inputs}
-    problems = [Problem(f"inputs.{name}", "unknown input") for name in given if name not in specs]
+    problems = unrecordable + [Problem(f"inputs.{name}", "unknown input")
+                               for name in given if name not in specs]
     resolved: dict[str, Any] = {}
     for name, spec in specs.items():
         if name in given:
