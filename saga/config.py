@@ -70,7 +70,10 @@ class Settings:
                        POSTGRES_POOL_SIZE=str(self.pool_size),
                        POSTGRES_MAX_OVERFLOW=str(self.max_overflow),
                        POSTGRES_CONNECT_TIMEOUT="5",
-                       POSTGRES_PRE_PING="y")
+                       # No ping before each checkout: a dead connection fails its call,
+                       # and saga.store.reconnect drops the pool's dead ones and tries
+                       # again (psycopg_pool's own check waits 1, 2, 4 s between them).
+                       POSTGRES_PRE_PING="n")
             return env
         return {"PERSISTENCE_MODULE": "eventsourcing.sqlite",
                 "SQLITE_DBNAME": str(self.home / "saga.db"),

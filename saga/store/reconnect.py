@@ -56,9 +56,12 @@ def backoff(failures: int) -> float:
 class Reconnect:
     """Retry an operation while its database connection is lost, for ``seconds`` at most."""
 
-    def __init__(self, seconds: float, *, enabled: bool = True) -> None:
+    def __init__(self, seconds: float, *, enabled: bool = True,
+                 on_lost: Callable[[], None] | None = None) -> None:
+        """``on_lost()`` runs before each new try (to drop a pool's dead connections)."""
         self.seconds = seconds
         self.enabled = enabled
+        self.on_lost = on_lost
 
     def call(self, where: str, operation: Callable[[], T]) -> T:
         """``operation()``, tried again on a lost connection; StoreUnavailableError
@@ -72,6 +75,11 @@ class Reconnect:
             level = logging.INFO if state.attempt_number == 1 else logging.DEBUG
             log.log(level, "database connection lost (%s): %s; reconnecting", where,
                     first_line(error) if error else "?")
+            if self.on_lost is not None:
+                try:
+                    self.on_lost()
+                except Exception as e:  # the next try reports what matters
+                    log.debug("after a lost connection: %s", e)
 
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception(connection_lost), wait=_wait(),
