@@ -361,6 +361,12 @@ def test_a_dry_run_records_nothing(home: Path, data: Any, pairs: list[str],
 @example(data={"name": "s", "steps": [{"id": "A", "tool": "echo", "args": {"x": "\ud800"}}]},
          pairs=[])
 @example(data={"name": "s", "steps": [{"id": "A", "tool": "noop"}]}, pairs=["q=\ud800"])
+# A broken loop failed its step and, in the same decision, started an independent step
+# under fail_fast: replay found the divergence (and crashed comparing it, exit 1).
+@example(data={"name": "loop", "max_concurrency": 1, "steps": [
+    {"id": "D", "compute": "result = 1", "depends_on": []},
+    {"id": "A", "tool": "fail", "args": {}, "loop": [None], "timeout": 0.5},
+    {"id": "B", "compute": "result = 1"}]}, pairs=[])
 def test_a_run_is_recorded_whole_or_not_at_all(home: Path, data: Any,
                                                pairs: list[str]) -> None:
     steps = data.get("steps") if isinstance(data, dict) else None
