@@ -537,6 +537,13 @@ class Saga:
         """Runs from the read model, newest first, after catching it up (see :meth:`lag`);
         filtered by status, definition name, actor, labels (all must match) and start
         time."""
+        for name, value in (("--since", since), ("--until", until)):
+            try:  # a bad bound is bad input (exit 2), not a failure (found by fuzzing)
+                if value is not None:
+                    datetime.fromisoformat(value)
+            except (TypeError, ValueError):
+                raise InputError([Problem(name, f"{str(value)[:80]!r} is not an ISO time "
+                                                "(2026-11-01 or 2026-11-01T08:00:00Z)")]) from None
         try:
             self.projection.catch_up()
         except SagaError:

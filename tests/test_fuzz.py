@@ -409,6 +409,7 @@ COMMANDS = ["validate", "run", "submit", "status", "history", "list", "graph", "
 @example(argv=["\ud800"], command="run", sub="")  # was: UnicodeEncodeError, exit 1
 @example(argv=["a" * 300], command="validate", sub="")  # was: OSError (name too long), exit 1
 @example(argv=["a" * 300], command="graph", sub="")  # the same, exit 1
+@example(argv=["--since", "--json"], command="list", sub="")  # was: ValueError, exit 1
 @example(argv=["\ud800\ud800\ud800\ud800"], command="status", sub="")  # UnicodeEncodeError
 def test_any_command_line_gets_a_documented_answer(home: Path, argv: list[str], command: str,
                                                    sub: str) -> None:

@@ -69,7 +69,7 @@ class Reconnect:
         if not self.enabled:
             return operation()
 
-        def warn(state: tenacity.RetryCallState) -> None:
+        def before_retry(state: tenacity.RetryCallState) -> None:
             error = state.outcome.exception() if state.outcome else None
             # Quiet (a command prints one line if it gives up); loops warn on their own.
             level = logging.INFO if state.attempt_number == 1 else logging.DEBUG
@@ -83,7 +83,7 @@ class Reconnect:
 
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception(connection_lost), wait=_wait(),
-            stop=tenacity.stop_after_delay(self.seconds), before_sleep=warn, reraise=True)
+            stop=tenacity.stop_after_delay(self.seconds), before_sleep=before_retry, reraise=True)
         try:
             return retrying(operation)
         except Exception as e:
