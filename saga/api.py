@@ -12,7 +12,6 @@ Everything the CLI does goes through :class:`Saga`, so a program can do it too::
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,14 @@ from saga.chain import json_safe
 from saga.composition import Plan, plan_of
 from saga.composition.definition import parse_duration, resolve_inputs
 from saga.config import Settings, load_settings
-from saga.domain import Run, check_labels, check_run_id, queue_options
+from saga.domain import (
+    Run,
+    check_labels,
+    check_run_id,
+    check_signal_name,
+    names_a_run,
+    queue_options,
+)
 from saga.errors import (
     ConcurrentWriteError,
     ExpressionError,
@@ -51,7 +57,7 @@ from saga.store import (
 )
 from saga.telemetry import metrics, tracing
 from saga.tools import Registry, load_registry
-from saga.views import row_summary, run_summary
+from saga.views import check_moments, row_summary, run_summary
 from saga.worker import WORKER_HOLD, Worker
 
 log = logging.getLogger("saga")
@@ -147,21 +153,8 @@ class Saga:
 
     def sync_schedules(self) -> None:
         """Add or change the schedules saga.toml declares (``[schedules.NAME]``)."""
-        for name, table in from_config(self.settings.file).items():
-            source = str(table.get("file", ""))
-            definition = self.load(source).record()
-            current = self.schedules.get(name, missing_ok=True)
-            wanted = (source, definition, dict(table.get("inputs") or {}), table.get("cron"),
-                      table.get("timezone", "UTC"), table.get("catch_up", "skip"))
-            if current is not None and (current.source, current.definition, current.inputs,
-                                        current.cron, current.timezone,
-                                        current.catch_up) == wanted \
-                    and current.every_seconds == (parse_duration(table["every"])
-                                                  if table.get("every") else None):
-                continue
-            self.schedules.add(name, source, definition, wanted[2], cron=wanted[3],
-                               every=table.get("every"), timezone=wanted[4],
-                               catch_up=wanted[5], replace=True)
+        self.schedules.sync(from_config(self.settings.file),
+                            lambda source: self.load(source).record())
 
     @property
     def cache(self) -> ToolCache:
@@ -327,7 +320,7 @@ class Saga:
             return executor.drive(run, lease)
         finally:
             executor.close()
-            lease.release()
+            lease.release(quiet=True)
 
     def resume(self, run_id: str, *, on_events: EventHook | None = None) -> Run:
         """Continue a recorded run that is not finished: after an approval, or after the
@@ -396,9 +389,7 @@ class Saga:
                actor: str | None = None) -> Run:
         """Send a signal to a run: the first step waiting for ``name`` (now or later)
         completes with ``data`` as its output. Refused for a finished run."""
-        if not isinstance(name, str) or not _SIGNAL.match(name):
-            raise InputError([Problem("signal", f"{str(name)[:80]!r} is not a signal name: "
-                                                "letters, digits and ._:-")])
+        check_signal_name(name)
 
         def record(run: Run) -> None:
             if run.is_finished:
@@ -492,6 +483,8 @@ class Saga:
         """A run's id from its id, its name, or a unique prefix of either (at least 4
         characters, as git takes short hashes); RunNotFoundError when none or several
         runs match."""
+        if not names_a_run(run_id):
+            raise RunNotFoundError(run_id)
         try:
             self.app.get_run(run_id)
             return run_id
@@ -548,6 +541,7 @@ class Saga:
         """Runs from the read model, newest first, after catching it up (see :meth:`lag`);
         filtered by status, definition name, actor, labels (all must match) and start
         time."""
+        check_moments(since=since, until=until)  # bad bounds are bad input (found by fuzzing)
         try:
             self.projection.catch_up()
         except SagaError:
@@ -585,9 +579,6 @@ class Saga:
         run.decide_approval(step_id, approved, actor or self.settings.actor, comment)
         self.app.save_run(run)
         return run
-
-
-_SIGNAL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,99}$")
 
 
 def _refuse_redacted(run: Run) -> None:

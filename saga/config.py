@@ -81,6 +81,9 @@ class Settings:
     max_overflow: int = 4
     snapshot_interval: int = 100
     lease_seconds: float = 30.0
+    #: How long one store operation keeps reconnecting to a lost PostgreSQL before it
+    #: gives up (StoreUnavailableError, exit 3); worker loops wait on beyond it.
+    reconnect_seconds: float = 30.0
     #: The longest wait ``saga run`` (driving in process) waits out; a longer one returns
     #: the run ``waiting`` for a worker.
     hold_seconds: float = 60.0
@@ -134,9 +137,11 @@ class Settings:
             env.update(PERSISTENCE_MODULE="eventsourcing.postgres",
                        POSTGRES_POOL_SIZE=str(self.pool_size),
                        POSTGRES_MAX_OVERFLOW=str(self.max_overflow),
-                       POSTGRES_CONNECT_TIMEOUT="5")
-            # No pre-ping: it is a round trip per checkout, and the library already
-            # retries an operation that meets a dead connection on a fresh one.
+                       POSTGRES_CONNECT_TIMEOUT="5",
+                       # No ping before each checkout (a round trip each): a dead
+                       # connection fails its call, and saga.store.reconnect drops the
+                       # pool's dead ones and tries again.
+                       POSTGRES_PRE_PING="n")
             if self.pg_recorder == "xid":
                 env["APPLICATION_RECORDER_TOPIC"] = "saga.store.pg_recorder:XidOrderedRecorder"
             return env
@@ -218,6 +223,8 @@ def load_settings(env: Mapping[str, str] | None = None, cwd: Path | None = None,
                                   or data.get("snapshot_interval", 100)),
             lease_seconds=float(env.get("SAGA_LEASE_SECONDS") or data.get("lease_seconds", 30)),
             hold_seconds=float(env.get("SAGA_HOLD_SECONDS") or data.get("hold_seconds", 60)),
+            reconnect_seconds=float(env.get("SAGA_RECONNECT_SECONDS")
+                                    or data.get("reconnect_seconds", 30)),
             audit_key=env.get("SAGA_AUDIT_KEY") or None,
             undo_key=env.get("SAGA_UNDO_KEY") or None,
             expression_seconds=float(env.get("SAGA_EXPRESSION_SECONDS")

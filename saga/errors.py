@@ -110,9 +110,15 @@ class UnknownToolError(SagaError):
 
 
 class StoreUnavailableError(SagaError):
-    """Raised when the event store cannot be opened or reached."""
+    """Raised when the event store cannot be opened or reached. ``lost``: the connection
+    was lost in the middle of an operation, which a new connection may cure (see
+    :mod:`saga.store.reconnect`)."""
 
     exit_code = 3
+
+    def __init__(self, message: str, *, lost: bool = False) -> None:
+        super().__init__(message)
+        self.lost = lost
 
 
 class RunNotFoundError(SagaError):

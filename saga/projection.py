@@ -37,7 +37,9 @@ from saga.domain import (
     ms_between,
     status_after,
 )
+from saga.errors import StoreUnavailableError
 from saga.store.application import SagaApplication
+from saga.store.reconnect import backoff
 from saga.store.side_tables import Database
 
 RUN_COLUMNS = ("run_id", "definition_name", "definition_version", "definition_hash", "status",
@@ -223,7 +225,7 @@ class Projection:
 
     def head(self) -> int:
         """The highest notification id in the log (0 if the log is empty)."""
-        return int(self.app.recorder.max_notification_id() or 0)
+        return self.app.head()
 
     def lag(self) -> int:
         """How many notifications are not applied yet (ids need not be contiguous)."""
@@ -241,8 +243,7 @@ class Projection:
         while position < target and (limit is None or applied < limit):
             size = page if limit is None else min(page, limit - applied)
             # Read outside our transaction: no I/O to the event store while we hold locks.
-            notes = self.app.recorder.select_notifications(
-                start=position + 1, stop=target, limit=size, inclusive_of_start=True)
+            notes = self.app.notifications(position + 1, size, stop=target)
             if not notes:
                 break
             if self._apply_page(position, notes):
@@ -255,10 +256,21 @@ class Projection:
     def follow(self, poll_interval: float = 0.5,
                stop: Callable[[], bool] | None = None) -> None:
         """Keep catching up until ``stop()`` returns true (forever if no ``stop``),
-        sleeping ``poll_interval`` seconds whenever there is nothing new. Errors
-        propagate: run it under a supervisor that restarts it."""
+        sleeping ``poll_interval`` seconds whenever there is nothing new. An unreachable
+        store is waited out with backoff; other errors propagate: run it under a
+        supervisor that restarts it."""
+        failures = 0
         while not (stop is not None and stop()):
-            if self.catch_up(limit=_FOLLOW_CHUNK) == 0:
+            try:
+                applied = self.catch_up(limit=_FOLLOW_CHUNK)
+            except StoreUnavailableError as e:
+                failures += 1
+                if failures == 1:
+                    log.warning("read model: %s; retrying with backoff", e)
+                time.sleep(backoff(failures))
+                continue
+            failures = 0
+            if applied == 0:
                 time.sleep(poll_interval)
 
     def rebuild(self) -> int:
@@ -328,9 +340,8 @@ class Projection:
 
     # -- applying a page ---------------------------------------------------------------
 
-    def _apply_page(self, position: int, notes: Sequence[Notification]) -> bool:
-        """Fold ``notes`` (read after ``position``) and commit rows + new position at
-        once; False (nothing written) if the stored position is no longer ``position``."""
+    def _read_page(self, notes: Sequence[Notification]) -> list[tuple[str, str, Any, bool]]:
+        """The run events of a page, decoded (outside any transaction of ours)."""
         events = []
         for n in notes:
             if n.topic not in _RUN_TOPICS:
@@ -338,18 +349,33 @@ class Projection:
             try:
                 waiting = n.topic in _DECISIONS and self._still_waiting(n)
                 event = self.app.mapper.to_domain_event(n)
+            except StoreUnavailableError:
+                raise
             except Exception as e:  # one unreadable event must not stop the read model
                 log.error("read model: skipping unreadable event %s of run %s: %s", n.id,
                           n.originator_id, e)
                 continue
             events.append((str(n.originator_id), n.topic, event, waiting))
+        return events
+
+    def _apply_page(self, position: int, notes: Sequence[Notification]) -> bool:
+        """Fold ``notes`` (read after ``position``) and commit rows + new position at
+        once; False (nothing written) if the stored position is no longer ``position``.
+        The compare-and-set makes a page whose commit a lost connection hid safe to
+        write again, so it is retried across reconnects."""
+        events = self._read_page(notes)
+        return self._db.retrying("updating the read model",
+                                 lambda: self._commit_page(position, notes[-1].id, events))
+
+    def _commit_page(self, position: int, last: int,
+                     events: list[tuple[str, str, Any, bool]]) -> bool:
         run_ids = sorted({e[0] for e in events})
         with self._db.tx() as cur:
             # Compare-and-set before any write: in PostgreSQL this row lock makes a
             # concurrent projector wait, then see 0 rows and back off.
             cur.execute(self._db.sql("UPDATE saga_projection_position SET position = ? "
                                      "WHERE name = ? AND position = ?"),
-                        (notes[-1].id, self.name, position))
+                        (last, self.name, position))
             if cur.rowcount != 1:
                 return False
             fold = _Fold(*self._load(cur, run_ids))
@@ -362,8 +388,7 @@ class Projection:
         """True if approvals are still pending after the decision ``n`` (which needs the
         run's earlier requests; read from the log, outside any transaction)."""
         pending: set[str] = set()
-        for e in self.app.repository.event_store.get(UUID(str(n.originator_id)),
-                                                     lte=n.originator_version):
+        for e in self.app.events_of(UUID(str(n.originator_id)), lte=n.originator_version):
             if isinstance(e, Run.ApprovalRequested):
                 pending.add(e.step_id)
             elif isinstance(e, Run.ApprovalGranted | Run.ApprovalRejected):

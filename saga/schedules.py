@@ -146,6 +146,27 @@ class Schedules:
         rows = self.db.query(f"SELECT {', '.join(COLUMNS)} FROM saga_schedules ORDER BY name")
         return [_schedule(r) for r in rows]
 
+    def sync(self, declared: Mapping[str, dict[str, Any]],
+             load: Callable[[str], dict[str, Any]]) -> None:
+        """Add or change the schedules saga.toml declares (see :func:`from_config`),
+        ``load(file)`` giving a file's recorded definition; unchanged ones stay as they are
+        (their next due time too)."""
+        for name, table in declared.items():
+            source = str(table.get("file", ""))
+            definition = load(source)
+            current = self.get(name, missing_ok=True)
+            wanted = (source, definition, dict(table.get("inputs") or {}), table.get("cron"),
+                      table.get("timezone", "UTC"), table.get("catch_up", "skip"))
+            if current is not None and (current.source, current.definition, current.inputs,
+                                        current.cron, current.timezone,
+                                        current.catch_up) == wanted \
+                    and current.every_seconds == (parse_duration(table["every"])
+                                                  if table.get("every") else None):
+                continue
+            self.add(name, source, definition, wanted[2], cron=wanted[3],
+                     every=table.get("every"), timezone=wanted[4], catch_up=wanted[5],
+                     replace=True)
+
     def remove(self, name: str) -> None:
         """Remove a schedule (runs it started are kept)."""
         if not self.db.execute("DELETE FROM saga_schedules WHERE name = ?", (name,)):

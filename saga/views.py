@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 from saga.domain import ENDINGS, Run, run_uuid
+from saga.errors import InputError, Problem
 from saga.store.application import SagaApplication, event_json
 
 #: Events read from the log per look.
@@ -62,12 +64,11 @@ def run_summary(run: Run, steps: bool = True) -> dict[str, Any]:
 def run_events_after(app: SagaApplication, run_id: str,
                      after: int) -> tuple[list[dict[str, Any]], bool]:
     """The run's events after version ``after`` as JSON, and whether the run has ended."""
-    store = app.repository.event_store
     uid = run_uuid(run_id)
-    events = [event_json(e) for e in store.get(uid, gt=after, limit=PAGE)]
+    events = [event_json(e) for e in app.events_of(uid, gt=after, limit=PAGE)]
     if events:
         return events, len(events) < PAGE and events[-1]["type"] in ENDINGS
-    tail = list(store.get(uid, desc=True, limit=1))
+    tail = app.events_of(uid, desc=True, limit=1)
     # Ended only if nothing came after ``after`` in the meantime: an event committed
     # between the two reads is read next time, never skipped by closing early.
     return [], bool(tail) and tail[0].originator_version <= after \
@@ -86,7 +87,7 @@ class LogReader:
         """Up to a page of events after ``position``."""
         app = self.app
         out = []
-        for n in app.recorder.select_notifications(start=position + 1, limit=PAGE):
+        for n in app.notifications(position + 1, PAGE):
             event = event_json(app.mapper.to_domain_event(n))
             event["position"] = n.id
             event["run_id"] = self.run(str(n.originator_id), event)["run_id"]
@@ -122,3 +123,16 @@ def _run_facts(started: dict[str, Any]) -> dict[str, Any]:
     return {"run_id": str(started["context"].get("run_id") or started["id"]),
             "name": definition.get("name", ""), "started_at": started["timestamp"],
             "kinds": kinds}
+
+
+def check_moments(**bounds: str | None) -> None:
+    """Refuse a time bound that is not an ISO time (``--since``, ``--until``) as bad input
+    (exit 2), naming the option."""
+    for name, value in bounds.items():
+        try:
+            if value is not None:
+                datetime.fromisoformat(value)
+        except (TypeError, ValueError):
+            example = "(2026-11-01 or 2026-11-01T08:00:00Z)"
+            raise InputError([Problem(f"--{name}", f"{str(value)[:80]!r} is not an ISO "
+                                                   f"time {example}")]) from None

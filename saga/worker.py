@@ -36,11 +36,12 @@ from saga.domain import (
     status_after,
     step_key,
 )
-from saga.errors import ConcurrentWriteError, LeaseLostError, SagaError
+from saga.errors import ConcurrentWriteError, LeaseLostError, SagaError, StoreUnavailableError
 from saga.executor import Executor
 from saga.store.application import SagaApplication
 from saga.store.group_commit import GroupCommit
 from saga.store.leases import Claim, Leases, default_worker_id
+from saga.store.reconnect import backoff
 from saga.telemetry import metrics
 
 log = logging.getLogger("saga.worker")
@@ -93,7 +94,7 @@ class RunIndex:
     def refresh(self) -> None:
         """Read the log since the last refresh."""
         while True:
-            page = self.app.recorder.select_notifications(start=self.position + 1, limit=1000)
+            page = self.app.notifications(self.position + 1, 1000)
             for n in page:
                 if event_name(n.topic) == "RunStarted" and _has_parent(n.state):
                     self.children.add(str(n.originator_id))
@@ -226,6 +227,7 @@ class Worker:
         ``tick()`` runs each time the worker looks for work (firing due schedules);
         ``queues``: the limits of queues (saga.toml ``[queues.NAME]``)."""
         self.tick = tick
+        self._next_tick = 0.0  # when schedules are looked at next (monotonic)
         self.queues = dict(queues or {})
         self.app = app
         self.leases = leases
@@ -246,62 +248,85 @@ class Worker:
 
     async def _run(self, until_idle: bool, stop: Callable[[], bool]) -> int:
         active: dict[str, asyncio.Task[None]] = {}
-        next_tick = 0.0
+        failures = 0  # rounds in a row that found the store unreachable
         while not stop():
-            # Schedules are looked at once per poll interval, not on every completion.
-            if self.tick is not None and time.monotonic() >= next_tick:
-                next_tick = time.monotonic() + self.poll_interval
-                try:
-                    self.tick()
-                except Exception:  # a broken schedule must not stop the worker's runs
-                    log.exception("firing due schedules failed")
-            for run_id, task in list(active.items()):
-                if task.done():
-                    active.pop(run_id)
-            claimed = 0
-            held: dict[str, Claim] = {}  # queues at a limit, this look: full or rate
-            if len(active) < self.concurrency:  # full: nothing could be claimed anyway
-                self.index.refresh()
-            runnable = self.index.runnable()
-            metrics.queue_depth(len(runnable))
-            wanted: list[str] = []
-            for run_id in runnable:
-                if len(active) + len(wanted) >= self.concurrency \
-                        or any(self._suspect(r) for r in [*active, *wanted]):
-                    break
-                if self._suspect(run_id) and (active or wanted):
-                    continue  # a run its workers died under is driven alone: if it kills
-                    # this worker too, no innocent run dies with it and counts a takeover
-                if run_id in active:
-                    continue
-                queue, limit, start = self._queue_of(run_id)
-                if limit is None or not limit.limited:
-                    wanted.append(run_id)  # claimed with the others, in one commit
-                elif self._claim(run_id, queue, limit, start, held) == "claimed":
-                    claimed += 1
-                    self.index.claimed(run_id)
-                    active[run_id] = asyncio.ensure_future(self._drive(run_id))
-            queues: list[str | None] = [self._queue_of(r)[0] for r in wanted]
-            for run_id in self.leases.claim_many(wanted, self.worker_id, self.lease_seconds,
-                                                 queues):
-                claimed += 1
-                self.index.claimed(run_id)
-                active[run_id] = asyncio.ensure_future(self._drive(run_id))
+            try:
+                claimed, held = self._look(active)
+            except StoreUnavailableError as e:
+                # Each store call already rode out what it could; wait, then look again.
+                failures += 1
+                if failures == 1:
+                    log.warning("worker %s: %s; retrying with backoff", self.worker_id, e)
+                await self._pause(active, backoff(failures))
+                continue
+            if failures:
+                log.warning("worker %s: the store is back", self.worker_id)
+                failures = 0
             # A run held back only by its queue's rate is work this worker can do itself
             # once the period passes; one held back by a full queue waits for the runs
             # other workers drive, and is not runnable now.
             if until_idle and not active and not claimed and "rate" not in held.values():
                 break
-                break
-            waiting = list(active.values())
-            if waiting:
-                await asyncio.wait(waiting, timeout=self.poll_interval,
-                                   return_when=asyncio.FIRST_COMPLETED)
-            else:
-                await asyncio.sleep(self.poll_interval)
+            await self._pause(active, self.poll_interval)
         for task in active.values():
             task.cancel()
         return self.driven
+
+    def _look(self, active: dict[str, asyncio.Task[None]]) -> tuple[int, dict[str, Claim]]:
+        """One look for work: fire due schedules (once per poll interval, not on every
+        completion), follow the log, claim what is runnable within its queue's limits (up
+        to ``concurrency`` drives); how many runs were claimed, and the queues found at a
+        limit (full or rate)."""
+        if self.tick is not None and time.monotonic() >= self._next_tick:
+            self._next_tick = time.monotonic() + self.poll_interval
+            try:
+                self.tick()
+            except StoreUnavailableError:
+                raise
+            except Exception:  # a broken schedule must not stop the worker's runs
+                log.exception("firing due schedules failed")
+        for run_id, task in list(active.items()):
+            if task.done():
+                active.pop(run_id)
+        claimed = 0
+        held: dict[str, Claim] = {}
+        if len(active) < self.concurrency:  # full: nothing could be claimed anyway
+            self.index.refresh()
+        runnable = self.index.runnable()
+        metrics.queue_depth(len(runnable))
+        wanted: list[str] = []
+        for run_id in runnable:
+            if len(active) + len(wanted) >= self.concurrency \
+                    or any(self._suspect(r) for r in [*active, *wanted]):
+                break
+            if self._suspect(run_id) and (active or wanted):
+                continue  # a run its workers died under is driven alone: if it kills
+                # this worker too, no innocent run dies with it and counts a takeover
+            if run_id in active:
+                continue
+            queue, limit, start = self._queue_of(run_id)
+            if limit is None or not limit.limited:
+                wanted.append(run_id)  # claimed with the others, in one commit
+            elif self._claim(run_id, queue, limit, start, held) == "claimed":
+                claimed += 1
+                self.index.claimed(run_id)
+                active[run_id] = asyncio.ensure_future(self._drive(run_id))
+        queues: list[str | None] = [self._queue_of(r)[0] for r in wanted]
+        for run_id in self.leases.claim_many(wanted, self.worker_id, self.lease_seconds,
+                                             queues):
+            claimed += 1
+            self.index.claimed(run_id)
+            active[run_id] = asyncio.ensure_future(self._drive(run_id))
+        return claimed, held
+
+    @staticmethod
+    async def _pause(active: dict[str, asyncio.Task[None]], seconds: float) -> None:
+        """Wait ``seconds``, or less if a drive ends first."""
+        if active:
+            await asyncio.wait(list(active.values()), timeout=seconds,
+                               return_when=asyncio.FIRST_COMPLETED)
+        else:
+            await asyncio.sleep(seconds)
 
     def _queue_of(self, run_id: str) -> tuple[str, QueueLimit | None, bool]:
         """A run's queue, that queue's limits, and whether claiming it starts the run."""
@@ -340,6 +365,8 @@ class Worker:
                     executor.close()
         except (ConcurrentWriteError, LeaseLostError) as e:
             log.info("backing off run %s: %s", run_id, e)
+        except StoreUnavailableError as e:  # taken up again once the store is back
+            log.warning("run %s: %s; it will be driven again", run_id, e)
         except SagaError as e:
             log.error("run %s: %s", run_id, e)
         except Exception:

@@ -133,7 +133,8 @@ def main() -> None:
         "start_ms": {"p50": percentile(stats["start"], 50), "p99": percentile(stats["start"], 99)},
         "run_ms": {"p50": percentile(stats["run"], 50), "p99": percentile(stats["run"], 99)},
         "events": stats["events"], "errors": len(stats["errors"]),
-        "first_errors": stats["errors"][:3], "broken_streams": stats["broken_streams"], "first_broken": stats["broken"][:3],
+        "first_errors": stats["errors"][:3], "broken_streams": stats["broken_streams"],
+        "first_broken": stats["broken"][:3],
         "mean_run_ms": round(statistics.mean(stats["run"]), 1) if stats["run"] else None}
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"serve-{store}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.json"

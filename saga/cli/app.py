@@ -131,6 +131,22 @@ class _Group(click.Group):
             sys.exit(1)
 
 
+class FilePath(click.Path):
+    """A file argument: ``click.Path(dir_okay=False)``, where a name no file system takes
+    (a NUL, a lone surrogate) is bad usage (exit 2), not the ValueError ``os.stat``
+    raises for it."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(dir_okay=False, **kwargs)
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        try:
+            return super().convert(value, param, ctx)
+        except ValueError as e:
+            self.fail(f"{value!r} is not a usable file name ({e})", param, ctx)
+
+
 def _saga(tools: tuple[str, ...] = ()) -> Saga:
     api = importlib.import_module("saga.api")  # the engine loads when a command needs it
     saga: Saga = api.Saga(load_settings(), tools=tools)

@@ -9,6 +9,7 @@ import click
 
 from saga import audit as audit_log
 from saga.cli.app import (
+    FilePath,
     _emit_json,
     _saga,
     json_option,
@@ -33,7 +34,7 @@ def audit() -> None:
 @audit.command(name="verify")
 @click.argument("run_ids", nargs=-1, metavar="[RUN]...")
 @click.option("--all", "all_runs", is_flag=True, help="Verify every run in the store.")
-@click.option("--file", "file", type=click.Path(dir_okay=False),
+@click.option("--file", "file", type=FilePath(),
               help="Verify an export (saga export) offline, without the store.")
 @click.option("--head", help="A head known from before (an export's or an earlier verify's): "
                              "the chain must still contain it (catches a deleted tail).")
@@ -105,7 +106,7 @@ def export(run_id: str, fmt: str) -> None:
 @click.option("--format", "fmt", type=click.Choice(["md", "csv", "json", "html"]), default="md",
               show_default=True, help="md and html for people, json for everything, csv one "
                                       "row per run.")
-@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True),
+@click.option("--output", "-o", type=FilePath(writable=True),
               help="Write the report to FILE instead of standard output.")
 @click.option("--label", "label_pairs", multiple=True, metavar="KEY=VALUE",
               help="Only runs with this label (repeatable: all must match).")

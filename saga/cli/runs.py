@@ -14,6 +14,7 @@ import click
 from saga import diagram
 from saga.api import Saga
 from saga.cli.app import (
+    FilePath,
     _emit_json,
     _saga,
     json_option,
@@ -36,7 +37,7 @@ from saga.views import run_summary
 
 
 @main.command()
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=FilePath())
 @tools_option
 @json_option
 def validate(file: str, tools: tuple[str, ...], as_json: bool) -> None:
@@ -95,7 +96,7 @@ def _start_options(func: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed([
         click.option("--input", "-i", "pairs", multiple=True, metavar="KEY=VALUE",
                      help="An input value (repeatable); typed by the input's declared type."),
-        click.option("--inputs-file", type=click.Path(dir_okay=False),
+        click.option("--inputs-file", type=FilePath(),
                      help="Inputs as JSON/YAML."),
         click.option("--actor", help="Who is running this (default: SAGA_ACTOR or the OS user)."),
         click.option("--id", "--workflow-id", "run_id", metavar="ID",
@@ -155,7 +156,7 @@ def _run_file(saga: Saga, file: str, options: dict[str, Any]) -> None:
 
 
 @main.command()
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=FilePath())
 @_run_options
 def run(file: str, **options: Any) -> None:
     """Start a run of FILE (a file or a template's name) and drive it here until it
@@ -169,7 +170,7 @@ def run(file: str, **options: Any) -> None:
 
 
 @main.command()
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=FilePath())
 @_start_options
 def submit(file: str, **options: Any) -> None:
     """Record a run of FILE without executing it; a worker will pick it up.
@@ -344,7 +345,11 @@ def graph(target: str, fmt: str, tools: tuple[str, ...]) -> None:
       saga graph ORDER-42
     """
     saga = _saga(tools)
-    if Path(target).exists():
+    try:
+        is_file = Path(target).exists()
+    except (OSError, ValueError):  # no file has such a name (too long, a NUL): a run's
+        is_file = False
+    if is_file:
         plan, run = saga.load(target), None
     else:
         run = saga.get(target)

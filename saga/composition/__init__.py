@@ -9,7 +9,7 @@ get the plan a recorded run is driven by.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,7 @@ def load(source: str | Path | Mapping[str, Any], tools: Tools = None) -> Plan:
     if isinstance(source, Mapping):
         plan = compile_any(dict(source), tools=tools)
     else:
-        if not Path(source).exists() and Path(source).suffix in ("", *SUFFIXES):
+        if not _on_disk(source, Path.exists) and Path(source).suffix in ("", *SUFFIXES):
             source = resolve(str(source))  # a template's name where a file is expected
         plan = compile_any(load_file(source), tools=tools, source=str(source))
     problems = []
@@ -76,13 +76,22 @@ def resolve(use: str) -> Path:
     """The composition a ``use`` names: a file (absolute or relative to the working
     directory), else a template by name."""
     path = Path(use)
-    if path.is_file():
+    if _on_disk(path, Path.is_file):
         return path
     try:
         return find_template(use)
     except Exception as e:
         raise DefinitionError([Problem("use", f"no composition file or template {use!r}: "
                                               f"{e}")]) from e
+
+
+def _on_disk(path: str | Path, check: Callable[[Path], bool]) -> bool:
+    """``check(path)`` (``Path.exists``, ``Path.is_file``); a name no file system takes
+    (too long, with a NUL) is simply not there, rather than an OSError."""
+    try:
+        return check(Path(path))
+    except (OSError, ValueError):
+        return False
 
 
 def load_child(use: str, tools: Tools, seen: tuple[str, ...] = ()) -> Plan:

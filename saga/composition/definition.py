@@ -1,6 +1,6 @@
-"""What users write: pydantic models of a composition (text is read by
-:mod:`saga.composition.text`; its ``load_file``, ``parse_text`` and ``text_problems`` are
-re-exported here).
+"""What users write: pydantic models of a composition (read from YAML or JSON by
+:mod:`saga.composition.text`, whose ``load_file``, ``parse_text`` and ``text_problems``
+are re-exported here).
 
 The step-list form is accepted exactly as users' documents write it (JSON with
 ``parameters``/``output_key``/``depends_on``; YAML with ``args``/``output``/``condition``),
@@ -493,10 +493,15 @@ def resolve_inputs(definition: Definition, given: dict[str, Any]) -> dict[str, A
     A composition that declares no inputs accepts any (seed 001 declares none but reads
     ``input.query``); one that declares inputs rejects unknown names, so typos surface.
     """
+    unrecordable = [Problem(f"inputs.{p.path}" if p.path else "inputs", p.message)
+                    for p in text_problems(given, nul=False)]
     if not definition.inputs:
+        if unrecordable:
+            raise InputError(unrecordable)
         return dict(given)
     specs = {spec.name: spec for spec in definition.inputs}
-    problems = [Problem(f"inputs.{name}", "unknown input") for name in given if name not in specs]
+    problems = unrecordable + [Problem(f"inputs.{name}", "unknown input")
+                               for name in given if name not in specs]
     resolved: dict[str, Any] = {}
     for name, spec in specs.items():
         if name in given:

@@ -1,6 +1,6 @@
-"""Reading composition text: JSON or YAML into plain data, with every hostile shape of
-text (duplicate keys, alias bombs, NUL characters, bad encodings, deep nesting) refused
-as a definition error before anything is built from it."""
+"""Reading what users write: YAML or JSON text into plain data, refusing what no store can
+keep (duplicate keys, alias bombs, nesting past the parser, a NUL, a lone surrogate) with
+a :class:`DefinitionError` that says where."""
 
 from __future__ import annotations
 
@@ -100,26 +100,41 @@ def _parse(text: str) -> Any:
         loader.dispose()
 
 
-def text_problems(data: Any, path: str = "") -> list[Problem]:
-    """Text no store can keep as a name or value: a NUL character, anywhere."""
+def text_problems(data: Any, path: str = "", *, nul: bool = True) -> list[Problem]:
+    """Text no store can keep as a name or value, anywhere: a NUL character (unless
+    ``nul`` is false), or a lone surrogate (JSON may escape one, ``"\\ud800"``; it is no
+    UTF-8 text)."""
     if isinstance(data, str):
-        return [Problem(path, "contains a NUL character")] if "\x00" in data else []
+        return [Problem(path, bad)] if (bad := _bad_text(data, nul)) else []
     if isinstance(data, dict):
         problems = []
         for key, value in data.items():
             where = f"{path}.{key}" if path else str(key)
-            if isinstance(key, str) and "\x00" in key:
-                problems.append(Problem(path, "a key contains a NUL character"))
+            if isinstance(key, str) and (bad := _bad_text(key, nul)):
+                problems.append(Problem(path, f"a key {bad}"))
                 where = path
-            problems += text_problems(value, where)
+            problems += text_problems(value, where, nul=nul)
         return problems
     if isinstance(data, list):
-        return [p for i, v in enumerate(data) for p in text_problems(v, f"{path}[{i}]")]
+        return [p for i, v in enumerate(data)
+                for p in text_problems(v, f"{path}[{i}]", nul=nul)]
     return []
+
+
+def _bad_text(text: str, nul: bool) -> str | None:
+    if nul and "\x00" in text:
+        return "contains a NUL character"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not UTF-8 text (it has a lone surrogate)"
+    return None
 
 
 def load_file(path: str | Path) -> dict[str, Any]:
     """Read a composition file (``.yaml``, ``.yml`` or ``.json``) into raw data."""
+    if "\x00" in str(path):  # no file system has such a name (open() raises ValueError)
+        raise DefinitionError([Problem("", "the file name contains a NUL character")])
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")

@@ -164,8 +164,21 @@ def ms_between(start: str | None, end: str) -> int | None:
     return round(delta.total_seconds() * 1000)
 
 
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,199}$")
-_LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
+# \Z, not $: "$" also matches before a final newline, which no id or key may end with.
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,199}\Z")
+_LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}\Z")
+
+
+def names_a_run(text: str) -> bool:
+    """Whether ``text`` can be a run's id or chosen name, or the prefix of one; anything
+    else (a lone surrogate from a mangled command line, say) names no run."""
+    if not isinstance(text, str):
+        return False
+    try:
+        UUID(text)
+    except ValueError:
+        return bool(_RUN_ID.match(text))
+    return True
 
 
 def check_run_id(run_id: str) -> str:
@@ -176,6 +189,18 @@ def check_run_id(run_id: str) -> str:
                                           "letters, digits and ._:@/+- (starting with a "
                                           "letter or digit)")])
     return run_id
+
+
+_SIGNAL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,99}\Z")
+
+
+def check_signal_name(name: Any) -> str:
+    """A signal's name: 1-100 letters, digits and ``._:-``, starting with one of the first
+    two."""
+    if not isinstance(name, str) or not _SIGNAL.match(name):
+        raise InputError([Problem("signal", f"{str(name)[:80]!r} is not a signal name: "
+                                            "letters, digits and ._:-")])
+    return name
 
 
 def check_labels(labels: Mapping[str, Any]) -> dict[str, str]:

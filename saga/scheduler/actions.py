@@ -250,8 +250,9 @@ class FinishRun:
 
     def matches(self, kind: str, e: Any) -> bool:
         """Whether a recorded event is this action (the same ending, the same outputs)."""
-        same_outputs = self.status == "cancelled" or e.outputs == self.outputs
-        return ENDINGS.get(kind) == self.status and same_outputs
+        # The kind first: another event has no outputs to compare.
+        return ENDINGS.get(kind) == self.status and (
+            self.status == "cancelled" or e.outputs == self.outputs)
 
     def describe(self) -> str:
         """The action in words."""

@@ -2,7 +2,9 @@
 
 Built on ``eventsourcing.application.Application`` with the SQLite module by default and
 the PostgreSQL module when a database URL is configured. Driver errors are turned into
-:class:`StoreUnavailableError` where they enter, so users see one clear line.
+:class:`StoreUnavailableError` where they enter, so users see one clear line; on
+PostgreSQL every operation first rides out a lost connection (:mod:`saga.store.reconnect`;
+the library's own blind retries are switched off, so that policy is the only one).
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import sqlite3
-from collections.abc import Iterator
-from typing import Any
+import types
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Application
@@ -26,23 +29,27 @@ from saga.errors import (
     StoreUnavailableError,
     first_line,
 )
+from saga.store.reconnect import Reconnect, connection_lost
 from saga.store.side_tables import DDL_LOCK, connect_postgres
 
 log = logging.getLogger("saga.store")
+T = TypeVar("T")
 _ENVELOPE = ("originator_id", "originator_version", "timestamp", "originator_topic",
              "prev_hash", "payload_hash", "mac")
 
 
 @contextlib.contextmanager
 def store_errors(where: str) -> Iterator[None]:
-    """Turn database driver errors into StoreUnavailableError (integrity errors pass)."""
+    """Turn database driver errors into StoreUnavailableError (integrity errors pass; a
+    lost connection is marked ``lost``, for :class:`Reconnect` to try again)."""
     try:
         yield
     except IntegrityError:
         raise
     except (PersistenceError, sqlite3.Error, OSError) as e:
         raise StoreUnavailableError(
-            f"cannot reach the event store ({where}): {first_line(e)}") from e
+            f"cannot reach the event store ({where}): {first_line(e)}",
+            lost=connection_lost(e)) from e
 
 
 class SagaApplication(Application[UUID]):
@@ -59,9 +66,12 @@ class SagaApplication(Application[UUID]):
             # Snapshots keep loading a long run cheap; the library takes them inside save().
             self.snapshotting_intervals = {Run: settings.snapshot_interval}  # type: ignore[misc]
             env["IS_SNAPSHOTTING_ENABLED"] = "y"
+        self.reconnect = Reconnect(settings.reconnect_seconds, enabled=settings.is_postgres,
+                                   on_lost=self._drop_dead_connections)
         if settings.is_postgres:
             with _postgres_setup(settings), store_errors(settings.store_description):
                 super().__init__(env=env)
+            _without_blind_retries(self.recorder, getattr(self.snapshots, "recorder", None))
         else:
             settings.home.mkdir(parents=True, exist_ok=True)
             with store_errors(settings.store_description):
@@ -74,35 +84,93 @@ class SagaApplication(Application[UUID]):
         return Run.begin(definition=plan.record(), definition_hash=plan.digest(),
                          inputs=inputs, context=context, options=options or {}, run_id=run_id)
 
+    def _drop_dead_connections(self) -> None:
+        """Check the pool's idle connections now and replace the dead ones: psycopg_pool
+        would find them one checkout at a time, waiting 1, 2, 4 s between."""
+        pool = getattr(getattr(self.recorder, "datastore", None), "pool", None)
+        if pool is not None:
+            pool.check()
+
+    def _io(self, where: str, operation: Callable[[], T]) -> T:
+        """``operation()`` with driver errors as StoreUnavailableError, tried again while
+        the connection is lost (only operations safe to repeat)."""
+        def once() -> T:
+            with store_errors(where):
+                return operation()
+        return self.reconnect.call(where, once)
+
     def get_run(self, run_id: str | UUID, version: int | None = None) -> Run:
         """The run as recorded (at ``version`` if given)."""
         uid = run_uuid(run_id)
-        with store_errors("reading a run"):
+
+        def read() -> Run | None:
             try:
                 return self.repository.get(uid, version=version)
             except AggregateNotFoundError:
-                raise RunNotFoundError(str(run_id)) from None
+                return None
             except DoctoredSnapshotError as e:  # never act on it: rebuild from the events
                 log.warning("%s; rebuilding run %s from its events", e, run_id)
-                return self.rebuild(uid, version)
-
-    def rebuild(self, run_id: str | UUID, version: int | None = None) -> Run:
-        """The run folded from its events alone, ignoring any snapshot."""
-        run: Run | None = None
-        for event in self.repository.event_store.get(run_uuid(run_id), lte=version):
-            run = event.mutate(run)  # type: ignore[attr-defined]
+                return self._fold(uid, version)
+        run = self._io("reading a run", read)
         if run is None:
             raise RunNotFoundError(str(run_id))
         return run
 
+    def rebuild(self, run_id: str | UUID, version: int | None = None) -> Run:
+        """The run folded from its events alone, ignoring any snapshot."""
+        run = self._io("reading a run", lambda: self._fold(run_uuid(run_id), version))
+        if run is None:
+            raise RunNotFoundError(str(run_id))
+        return run
+
+    def _fold(self, uid: UUID, version: int | None) -> Run | None:
+        run: Run | None = None
+        for event in self.repository.event_store.get(uid, lte=version):
+            run = event.mutate(run)  # type: ignore[attr-defined]
+        return run
+
     def save_run(self, run: Run) -> None:
         """Append the run's pending events atomically; the version fence rejects a writer
-        that is behind."""
-        with store_errors("saving a run"):
+        that is behind.
+
+        A lost connection is ridden out, and an append whose outcome it left unknown (the
+        commit may or may not have happened) is resolved by reading the run's events at
+        those versions back: ours there means it committed, another writer's means it
+        lost the race (ConcurrentWriteError), none means it is tried again. It is never
+        appended blindly a second time."""
+        pending = list(run.pending_events)
+        if not pending:
+            return
+        tries = 0
+
+        def append() -> None:
+            nonlocal tries
+            tries += 1
             try:
-                self.save(run)
+                if tries == 1:
+                    self.save(run)  # collects the events (and takes due snapshots)
+                    return
+                stored = self._stored(pending)
+                if stored is True:
+                    return  # the commit we lost sight of went through
+                if stored is False:
+                    raise ConcurrentWriteError(run.run_id)
+                self.save(*pending)  # it never landed: append the same events again
             except IntegrityError:
+                if tries > 1 and self._stored(pending) is True:
+                    return
                 raise ConcurrentWriteError(run.run_id) from None
+        self._io("saving a run", append)
+
+    def _stored(self, pending: Sequence[Any]) -> bool | None:
+        """Whether the versions of ``pending`` hold these very events (True), another
+        writer's (False), or nothing yet (None)."""
+        first, last = pending[0], pending[-1]
+        stored: list[Any] = list(self.repository.event_store.get(
+            first.originator_id, gt=first.originator_version - 1, lte=last.originator_version))
+        if not stored:
+            return None
+        return [e.link() for e in stored] == [e.link() for e in pending]
 
     def save_runs(self, runs: list[Run]) -> list[Exception | None]:
         """Append the pending events of several runs in one transaction (group commit),
@@ -133,8 +201,13 @@ class SagaApplication(Application[UUID]):
     def domain_events(self, run_id: str | UUID) -> list[Any]:
         """Every event of a run, in order, as domain event objects."""
         run = self.get_run(run_id)
-        with store_errors("reading history"):
-            return list(self.repository.event_store.get(run.id))
+        return self._io("reading history", lambda: list(self.repository.event_store.get(run.id)))
+
+    def events_of(self, run_id: str | UUID, *, gt: int | None = None, lte: int | None = None,
+                  desc: bool = False, limit: int | None = None) -> list[Any]:
+        """A run's events (after version ``gt``, up to ``lte``), without loading the run."""
+        return self._io("reading history", lambda: list(self.repository.event_store.get(
+            run_uuid(run_id), gt=gt, lte=lte, desc=desc, limit=limit)))
 
     def history(self, run_id: str | UUID) -> list[dict[str, Any]]:
         """Every event of a run, in order, as plain JSON objects."""
@@ -142,21 +215,45 @@ class SagaApplication(Application[UUID]):
 
     def run_ids(self, start: int = 1) -> Iterator[tuple[int, str]]:
         """(position, run id) of every run started at or after a log position, in order."""
-        with store_errors("listing runs"):
-            position = start
-            while True:
-                page = self.recorder.select_notifications(start=position, limit=500,
-                                                          topics=[TOPIC_PREFIX + "RunStarted"])
-                if not page:
-                    return
-                for n in page:
-                    yield n.id, str(n.originator_id)
-                position = page[-1].id + 1
+        position = start
+        while True:
+            page = self.notifications(position, 500, topics=[TOPIC_PREFIX + "RunStarted"])
+            if not page:
+                return
+            for n in page:
+                yield n.id, str(n.originator_id)
+            position = page[-1].id + 1
+
+    def notifications(self, start: int, limit: int, *, stop: int | None = None,
+                      topics: Sequence[str] = ()) -> list[Any]:
+        """A page of the notification log (every event of every run, in commit order)
+        from position ``start`` (inclusive) up to ``stop``."""
+        return self._io("reading the log", lambda: list(self.recorder.select_notifications(
+            start=start, limit=limit, stop=stop, topics=topics, inclusive_of_start=True)))
+
+    def head(self) -> int:
+        """The position of the last event in the log (0 if it is empty)."""
+        return int(self._io("reading the log",
+                            lambda: self.recorder.max_notification_id()) or 0)
 
     def close(self) -> None:
         """Release the store's connections."""
         with contextlib.suppress(Exception):
             super().close()
+
+
+def _without_blind_retries(*recorders: Any) -> None:
+    """Switch off the library's own retries of PostgreSQL calls (ten tries each, the
+    append included): :class:`Reconnect` is the one policy, and an append after a lost
+    commit must be resolved by reading, never repeated blindly."""
+    for recorder in recorders:
+        if recorder is None:
+            continue
+        for name in ("insert_events", "select_events", "select_notifications",
+                     "max_notification_id"):
+            inner = getattr(getattr(type(recorder), name, None), "__wrapped__", None)
+            if inner is not None:
+                setattr(recorder, name, types.MethodType(inner, recorder))
 
 
 def event_json(e: Any) -> dict[str, Any]:

@@ -21,6 +21,7 @@ the version fence already covers, as for any expired lease).
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import socket
 import time
@@ -30,8 +31,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from saga.config import QueueLimit
-from saga.errors import LeaseHeldError
+from saga.errors import LeaseHeldError, StoreUnavailableError
 from saga.store.side_tables import Database
+
+log = logging.getLogger("saga.store")
 
 LEASE_DDL = ("""CREATE TABLE IF NOT EXISTS saga_leases (
     run_id TEXT PRIMARY KEY, worker TEXT NOT NULL, expires_at DOUBLE PRECISION NOT NULL,
@@ -172,9 +175,15 @@ class Lease:
         """Extend the lease; False when another worker holds it now."""
         return self.leases.renew(self.run_id, self.worker, self.seconds)
 
-    def release(self) -> None:
-        """Give the lease up."""
-        self.leases.release(self.run_id, self.worker)
+    def release(self, quiet: bool = False) -> None:
+        """Give the lease up (``quiet``: if the store cannot be reached, let the lease
+        expire instead: nothing else waits for it)."""
+        try:
+            self.leases.release(self.run_id, self.worker)
+        except StoreUnavailableError as e:
+            if not quiet:
+                raise
+            log.info("could not release the lease on run %s: %s", self.run_id, e)
 
 
 def _key(queue: str) -> int:

@@ -11,41 +11,68 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 from saga.config import Settings
 from saga.errors import StoreUnavailableError, first_line
+from saga.store.reconnect import Reconnect, connection_lost
 
 Row = dict[str, Any]
+T = TypeVar("T")
 # Concurrent CREATE TABLE IF NOT EXISTS can fail in PostgreSQL ("tuple concurrently
 # updated"), so DDL runs under this transaction-scoped advisory lock.
 DDL_LOCK = 0x5A6A_0001
 
 
 class Database:
-    """One connection to the store's database, with explicit transactions."""
+    """One connection to the store's database, with explicit transactions; on
+    PostgreSQL it reconnects when the connection is lost (see :mod:`saga.store.reconnect`):
+    :meth:`execute`, :meth:`query` and :meth:`create` are retried whole, and
+    :meth:`retrying` retries a caller's transaction that is safe to repeat."""
 
     def __init__(self, settings: Settings) -> None:
-        env = settings.store_env()
+        self._env = settings.store_env()
+        self._where = settings.store_description
         self.pg = settings.is_postgres
+        self.reconnect = Reconnect(settings.reconnect_seconds, enabled=self.pg)
         # One connection serves leases (renewed from threads), the cache and DDL: a lock
         # keeps one transaction at a time on it.
         self._lock = threading.RLock()
+        self.conn = self._connect()
+
+    def _connect(self) -> Any:
         try:
             if self.pg:
-                self.conn = connect_postgres(env, settings.store_description)
-                schema = env.get("POSTGRES_SCHEMA", "public")
+                conn = connect_postgres(self._env, self._where)
+                schema = self._env.get("POSTGRES_SCHEMA", "public")
                 from psycopg import sql
 
-                self.conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
-            else:
-                # isolation_level=None: no implicit transactions; tx() issues BEGIN IMMEDIATE.
-                self.conn = sqlite3.connect(env["SQLITE_DBNAME"], timeout=30.0,
-                                            isolation_level=None, check_same_thread=False)
+                try:
+                    conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+                except Exception as e:
+                    conn.close()
+                    raise _unavailable(self._where, e) from e
+                return conn
+            # isolation_level=None: no implicit transactions; tx() issues BEGIN IMMEDIATE.
+            return sqlite3.connect(self._env["SQLITE_DBNAME"], timeout=30.0,
+                                   isolation_level=None, check_same_thread=False)
         except (sqlite3.Error, OSError) as e:
             raise StoreUnavailableError(
-                f"cannot reach the event store ({settings.store_description}): {e}") from e
+                f"cannot reach the event store ({self._where}): {e}") from e
+
+    def _live(self) -> Any:
+        """The connection, replaced first if the server dropped it."""
+        if self.pg and (self.conn.closed or self.conn.broken):
+            with contextlib.suppress(Exception):
+                self.conn.close()
+            self.conn = self._connect()
+        return self.conn
+
+    def retrying(self, where: str, operation: Callable[[], T]) -> T:
+        """``operation()`` (whole transactions, safe to repeat), reconnecting and trying
+        again while the connection is lost."""
+        return self.reconnect.call(where, operation)
 
     def add_columns(self, table: str, columns: dict[str, str]) -> None:
         """Add the columns a table created by an older saga lacks (``name: SQL type``)."""
@@ -67,13 +94,25 @@ class Database:
 
     @contextlib.contextmanager
     def tx(self) -> Iterator[Any]:
-        """A cursor in one transaction: committed on success, rolled back on error."""
+        """A cursor in one transaction: committed on success, rolled back on error (a lost
+        connection is a StoreUnavailableError that :meth:`retrying` tries again)."""
         with self._lock:
-            if self.pg:
-                with self.conn.transaction(), self.conn.cursor() as cur:
-                    yield cur
+            if not self.pg:
+                yield from self._sqlite_tx()
                 return
-            yield from self._sqlite_tx()
+            with self._lost_as_unavailable():
+                conn = self._live()
+                with conn.transaction(), conn.cursor() as cur:
+                    yield cur
+
+    @contextlib.contextmanager
+    def _lost_as_unavailable(self) -> Iterator[None]:
+        try:
+            yield
+        except Exception as e:
+            if self.pg and connection_lost(e) and not isinstance(e, StoreUnavailableError):
+                raise _unavailable(self._where, e) from e
+            raise
 
     def _sqlite_tx(self) -> Iterator[Any]:
         cur = self.conn.cursor()
@@ -89,43 +128,50 @@ class Database:
         cur.execute("COMMIT")
 
     def execute(self, text: str, args: Sequence[Any] = (), *, flush: bool = True) -> int:
-        """Run one statement in its own transaction; returns the row count.
+        """Run one statement in its own transaction (again after a reconnect: saga's
+        statements are idempotent); returns the row count.
 
         ``flush=False`` (PostgreSQL) commits without waiting for the WAL flush
         (``synchronous_commit`` off for that transaction only). Only for rows a crash may
         roll back harmlessly: WAL is flushed in order, so the next ordinary commit of any
         session (a run's next append, before any tool runs) makes it durable too.
         """
-        if not self.pg:
-            with self.tx() as cur:
-                cur.execute(self.sql(text), tuple(args))
+        def once() -> int:
+            if not self.pg:
+                with self.tx() as cur:
+                    cur.execute(self.sql(text), tuple(args))
+                    return int(cur.rowcount)
+            with self._lock:
+                if flush:  # one autocommit statement: atomic, one round trip
+                    return int(self.conn.execute(self.sql(text), tuple(args)).rowcount)
+                with self.conn.pipeline(), self.conn.transaction():
+                    self.conn.execute("SET LOCAL synchronous_commit TO off")
+                    cur = self.conn.execute(self.sql(text), tuple(args))
                 return int(cur.rowcount)
-        with self._lock:
-            if flush:  # one autocommit statement: atomic, one round trip
-                return int(self.conn.execute(self.sql(text), tuple(args)).rowcount)
-            with self.conn.pipeline(), self.conn.transaction():
-                self.conn.execute("SET LOCAL synchronous_commit TO off")
-                cur = self.conn.execute(self.sql(text), tuple(args))
-            return int(cur.rowcount)
+        return self.retrying("writing a side table", once)
 
     def query(self, text: str, args: Sequence[Any] = ()) -> list[Row]:
         """Rows of a read-only statement as dicts."""
-        with self._lock:
-            cur = self.conn.cursor()
-            try:
-                cur.execute(self.sql(text), tuple(args))
-                names = [d[0] for d in cur.description]
-                return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
-            finally:
-                cur.close()
+        def once() -> list[Row]:
+            with self._lock, self._lost_as_unavailable():
+                cur = self._live().cursor()
+                try:
+                    cur.execute(self.sql(text), tuple(args))
+                    names = [d[0] for d in cur.description]
+                    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+                finally:
+                    cur.close()
+        return self.retrying("reading a side table", once)
 
     def create(self, ddl: Sequence[str]) -> None:
         """Run idempotent DDL, safe when many processes start at once."""
-        with self.tx() as cur:
-            if self.pg:
-                cur.execute("SELECT pg_advisory_xact_lock(%s)", (DDL_LOCK,))
-            for statement in ddl:
-                cur.execute(statement)
+        def once() -> None:
+            with self.tx() as cur:
+                if self.pg:
+                    cur.execute("SELECT pg_advisory_xact_lock(%s)", (DDL_LOCK,))
+                for statement in ddl:
+                    cur.execute(statement)
+        self.retrying("creating tables", once)
 
     def close(self) -> None:
         """Close the connection."""
@@ -146,5 +192,10 @@ def connect_postgres(env: dict[str, str], where: str) -> Any:
             dbname=env["POSTGRES_DBNAME"], user=env["POSTGRES_USER"],
             password=env.get("POSTGRES_PASSWORD") or None, connect_timeout=5, autocommit=True)
     except psycopg.Error as e:
-        raise StoreUnavailableError(
-            f"cannot reach the event store ({where}): {first_line(e)}") from e
+        raise _unavailable(where, e) from e
+
+
+def _unavailable(where: str, error: BaseException) -> StoreUnavailableError:
+    """A driver error as one line; ``lost`` when a new connection may cure it."""
+    return StoreUnavailableError(f"cannot reach the event store ({where}): {first_line(error)}",
+                                 lost=connection_lost(error))

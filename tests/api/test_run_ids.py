@@ -50,7 +50,7 @@ def test_another_start_under_an_id_is_refused_and_appends_nothing(
     assert [r for _, r in saga.app.run_ids()] == [str(saga.get("ORDER-7").id)]
 
 
-@pytest.mark.parametrize("bad", ["", " x", "a" * 201, "has space", "nul\x00"])
+@pytest.mark.parametrize("bad", ["", " x", "a" * 201, "has space", "nul\x00", "ends\n"])
 def test_a_malformed_id_is_an_input_error(saga: Saga, bad: str) -> None:
     with pytest.raises(InputError):
         saga.submit(saga.load(FLOW), {"amount": 1}, run_id=bad)

@@ -26,6 +26,8 @@ LAUGHS = "\n".join(
     (LAUGHS, "expands to more than"),
     ('{"name": "a\\u0000b", "steps": [{"id": "s", "tool": "noop"}]}',
      "name: contains a NUL character"),
+    ('{"name": "a", "steps": [{"id": "s", "tool": "echo", "args": {"\\ud800": 1}}]}',
+     "steps[0].args: a key is not UTF-8 text"),
     ("[" * 50_000 + "]" * 50_000, "nested too deeply"),
 ])
 def test_refused_with_a_clear_problem(text: str, says: str) -> None:

@@ -7,6 +7,7 @@ through the aggregate's commands, and compares what the scheduler decides.
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -170,3 +171,10 @@ def test_graph_the_branch_not_taken_is_skipped_first_then_the_other_starts() -> 
     skipped = [*chose, lambda r: r.skip_step("no", 0, skip.reason)]
     assert decided(GRAPH, skipped, {"input": "hi"}) == [
         StartStep("yes", 0, 1, {"task": 'Y {"ok": true}'})]
+
+
+def test_an_ending_is_not_compared_with_an_event_of_another_kind() -> None:
+    """Replay compares each recorded event with the expected actions; an ending against
+    a StepStarted (which has no outputs) used to raise AttributeError (found by fuzzing)."""
+    started = SimpleNamespace(step_id="b", attempt=1, iteration=0, parameters={})
+    assert not FinishRun("failed").matches("StepStarted", started)
