@@ -77,26 +77,28 @@ def _response(frames: AsyncIterator[str]) -> StreamingResponse:
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-def run_event_stream(request: Request, svc: Service, run_id: str, after: int
-                     ) -> StreamingResponse:
-    """A run's events as Server-Sent Events, from ``resume_point`` until the run ends."""
-    start = resume_point(request, after)
+Frames = tuple[list[tuple[int, str, Any]], bool]  # (id, event type, data) each; ended
 
+
+def _stream(request: Request, start: int, read: Callable[[int], Frames],
+            what: str) -> StreamingResponse:
+    """Server-Sent Events of what ``read(position)`` gives after ``start``: the recorded,
+    then the new as they are committed, a comment now and then while nothing happens,
+    until ``read`` says it ended or the client goes."""
     async def frames() -> AsyncIterator[str]:
         position, quiet = start, 0.0
         while True:
             try:
-                events, ended = await patiently(run_events_after, svc.saga.app, run_id,
-                                                position)
+                items, ended = await patiently(read, position)
             except Exception as err:  # the store stayed away: the client reconnects later
-                log.warning("event stream of %s ends: %s", run_id, err)
+                log.warning("%s ends: %s", what, err)
                 return
-            for event in events:
-                yield _frame(event["version"], event["type"], {**event, "run_id": run_id})
-                position, quiet = event["version"], 0.0
+            for ident, kind, data in items:
+                yield _frame(ident, kind, data)
+                position, quiet = ident, 0.0
             if ended:
                 return
-            if events:
+            if items:
                 continue
             if await request.is_disconnected():
                 return
@@ -106,6 +108,15 @@ def run_event_stream(request: Request, svc: Service, run_id: str, after: int
                 yield ": keepalive\n\n"
                 quiet = 0.0
     return _response(frames())
+
+
+def run_event_stream(request: Request, svc: Service, run_id: str, after: int
+                     ) -> StreamingResponse:
+    """A run's events as Server-Sent Events, from ``resume_point`` until the run ends."""
+    def read(position: int) -> Frames:
+        events, ended = run_events_after(svc.saga.app, run_id, position)
+        return [(e["version"], e["type"], {**e, "run_id": run_id}) for e in events], ended
+    return _stream(request, resume_point(request, after), read, f"event stream of {run_id}")
 
 
 @router.get("/api/v1/events", responses={200: {"content": {"text/event-stream": {}}}})
@@ -114,29 +125,10 @@ def all_events(request: Request, after: int = Query(0, ge=0)) -> StreamingRespon
     notification log (reconnect with ``Last-Event-ID`` to go on)."""
     svc: Service = request.app.state.service
     reader = LogReader(svc.saga.app)
-    start = resume_point(request, after)
 
-    async def frames() -> AsyncIterator[str]:
-        position, quiet = start, 0.0
-        while True:
-            try:
-                events = await patiently(reader.after, position)
-            except Exception as err:
-                log.warning("the event stream ends: %s", err)
-                return
-            for event in events:
-                yield _frame(event["position"], event["type"], event)
-                position, quiet = event["position"], 0.0
-            if events:
-                continue
-            if await request.is_disconnected():
-                return
-            await asyncio.sleep(POLL)
-            quiet += POLL
-            if quiet >= KEEPALIVE:
-                yield ": keepalive\n\n"
-                quiet = 0.0
-    return _response(frames())
+    def read(position: int) -> Frames:
+        return [(e["position"], e["type"], e) for e in reader.after(position)], False
+    return _stream(request, resume_point(request, after), read, "the event stream")
 
 
 def seed_event(event: dict[str, Any], run: dict[str, Any]) -> dict[str, Any] | None:
