@@ -126,12 +126,16 @@ class _Progress:
         self._live: Any = None
         self._started = time.monotonic()
         self.run_id: str | None = None
+        self._run: Run | None = None
 
     def __enter__(self) -> _Progress:
         if self.live:
             from rich.live import Live
 
-            self._live = Live(refresh_per_second=8, transient=True)
+            # Drawn at every refresh, not only at commits: the elapsed time, the spinner of
+            # a running step and a retry's countdown move while a long step runs.
+            self._live = Live(get_renderable=self._table, refresh_per_second=8,
+                              transient=True)
             self._live.__enter__()
         return self
 
@@ -158,9 +162,16 @@ class _Progress:
                 click.echo(f"{iso(e.timestamp)} {run.run_id} {type(e).__name__} "
                            f"{_brief_event(e)}".rstrip())
             return
+        self._run = run
+
+    def _table(self) -> Any:
         from rich.table import Table
 
+        run = self._run
+        if run is None:
+            return ""
         elapsed = time.monotonic() - self._started
+        spinner = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"[int(elapsed * 10) % 10]
         table = Table(title=f"{run.name} — {run.status} — {elapsed:.1f}s", box=None)
         table.add_column("step")
         table.add_column("status")
@@ -175,8 +186,10 @@ class _Progress:
                 shown = f"[yellow]retrying in {left:.0f}s[/]"
             elif st == "running" and s.get("wait"):
                 shown = "[yellow]waiting[/]"
+            elif st == "running":
+                shown = f"[cyan]{spinner} running[/]"
             table.add_row(key, shown, str(s["attempt"]))
-        self._live.update(table)
+        return table
 
 
 def _brief_event(e: Any) -> str:

@@ -106,7 +106,7 @@ def test_run_shows_live_progress_on_a_terminal(tmp_path: Path) -> None:
     script = shutil.which("script")
     assert script, "util-linux 'script' provides the pseudo-terminal for this test"
     slow = tmp_path / "slow.yaml"
-    slow.write_text("name: slow\nsteps:\n  - {id: a, tool: sleep, args: {seconds: 0.4}}\n"
+    slow.write_text("name: slow\nsteps:\n  - {id: a, tool: sleep, args: {seconds: 1.5}}\n"
                     "  - {id: b, tool: sleep, args: {seconds: 0.4}}\n")
     command = shlex.join([sys.executable, "-m", "saga.cli", "run", str(slow)])
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAGA_")}
@@ -116,6 +116,10 @@ def test_run_shows_live_progress_on_a_terminal(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stdout
     frames = out.stdout.replace("\r", "\n")
     assert "slow — running" in frames  # the live table, redrawn while steps run
+    # ... at every refresh, not only at commits: the elapsed time moves during step a
+    elapsed = set(re.findall(r"slow — running — (\d+\.\d)s", frames))
+    assert len(elapsed) >= 5, sorted(elapsed)
+    assert re.search(r"[⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏] running", frames)
     assert re.search(r"run \S+ \(slow\): \S*completed", frames)  # then the summary
 
 
