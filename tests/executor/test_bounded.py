@@ -81,3 +81,55 @@ def test_a_poison_run_is_quarantined_and_the_others_complete(settings: Settings,
     assert len(log.read_text(encoding="utf-8").splitlines()) == 3
     assert all(saga.get(r.run_id).status == "completed" for r in normal)
     assert [r["run_id"] for r in saga.list_runs(status="failed")] == [poison.run_id]
+
+
+def test_a_poison_run_among_a_hundred_on_two_workers(sqlite_settings: Settings,
+                                                     tmp_path: Path) -> None:
+    """Two worker processes (restarted when one dies) drain 100 runs beside one whose tool
+    kills every worker that drives it: the 100 complete, the poison run is quarantined
+    after its third takeover and what it had done is undone."""
+    settings = sqlite_settings
+    with Saga(settings, tools=["tests.standins.standins"]) as saga:
+        poison = saga.submit(saga.load({"name": "poison", "steps": [
+            {"id": "made", "tool": "echo", "args": {"x": 1},
+             "compensate": {"tool": "echo", "args": {"undo": 1}}},
+            {"id": "k", "tool": "suicide", "retry": {"max_attempts": 10, "delay": 0.01}}]}))
+        plan = saga.load({"name": "fine", "steps": [{"id": "a", "tool": "echo"},
+                                                    {"id": "b", "tool": "noop"}]})
+        normal = [saga.submit(plan).run_id for _ in range(100)]
+    env = store_env(settings) | {"SAGA_TEST_CALL_LOG": str(tmp_path / "calls.jsonl")}
+    command = [sys.executable, "-m", "saga.cli", "worker", "--tools", "tests.standins.standins",
+               "--poll", "0.05", "--lease", str(LEASE), "--concurrency", "8"]
+    slots: list[subprocess.Popen[bytes] | None] = [None, None]
+    started = deaths = 0
+    deadline = time.monotonic() + 150
+    with Saga(settings) as saga:
+        try:
+            while time.monotonic() < deadline:
+                for i, proc in enumerate(slots):
+                    if proc is None or proc.poll() is not None:
+                        deaths += proc is not None
+                        slots[i] = subprocess.Popen(command, cwd=ROOT, env=env,
+                                                    stdout=subprocess.DEVNULL,
+                                                    stderr=subprocess.DEVNULL)
+                        started += 1
+                if saga.get(poison.run_id).is_finished and all(
+                        saga.get(r).is_finished for r in normal):
+                    break
+                time.sleep(0.2)
+        finally:
+            for proc in slots:
+                if proc is not None:
+                    proc.terminate()
+                    proc.wait(30)
+        done = [saga.get(r).status for r in normal]
+        assert done == ["completed"] * 100
+        quarantined = saga.get(poison.run_id)
+        # failed with Quarantined, and its completed step undone: so it ends compensated
+        assert quarantined.status == "compensated", quarantined.status
+        assert quarantined.error is not None and quarantined.error["type"] == "Quarantined"
+        assert quarantined.takeovers == 3
+        assert quarantined.steps["made"]["status"] == "compensated"
+        listed = saga.list_runs(status="compensated")
+        assert [r["run_id"] for r in listed] == [poison.run_id]
+        assert deaths >= 3  # each takeover followed a worker the poison run killed
