@@ -44,6 +44,7 @@ from saga.executor import EventHook, Executor
 from saga.projection import Projection
 from saga.replay import Divergence
 from saga.scheduler import compensation_order, is_loop_parent
+from saga.scheduler.policy import QUARANTINE_AFTER
 from saga.schedules import Schedules, from_config
 from saga.store import (
     Database,
@@ -207,6 +208,8 @@ class Saga:
             if not seconds:
                 raise InputError([Problem("timeout", f"{timeout!r} is not a duration")])
             options["timeout"] = seconds
+        if self.settings.quarantine_after != QUARANTINE_AFTER:  # recorded: replay agrees
+            options.setdefault("quarantine_after", self.settings.quarantine_after)
         options.update(queue_options(queue or options.get("queue") or plan.definition.queue,
                                      options.get("priority") if priority is None else priority))
         given = dict(context or {})

@@ -81,6 +81,8 @@ class Settings:
     max_overflow: int = 4
     snapshot_interval: int = 100
     lease_seconds: float = 30.0
+    #: Takeovers after which a run is quarantined (recorded with each run it applies to).
+    quarantine_after: int = 3
     #: How long one store operation keeps reconnecting to a lost PostgreSQL before it
     #: gives up (StoreUnavailableError, exit 3); worker loops wait on beyond it.
     reconnect_seconds: float = 30.0
@@ -222,6 +224,8 @@ def load_settings(env: Mapping[str, str] | None = None, cwd: Path | None = None,
             snapshot_interval=int(env.get("SAGA_SNAPSHOT_INTERVAL")
                                   or data.get("snapshot_interval", 100)),
             lease_seconds=float(env.get("SAGA_LEASE_SECONDS") or data.get("lease_seconds", 30)),
+            quarantine_after=int(env.get("SAGA_QUARANTINE_AFTER")
+                                 or data.get("quarantine_after", 3)),
             hold_seconds=float(env.get("SAGA_HOLD_SECONDS") or data.get("hold_seconds", 60)),
             reconnect_seconds=float(env.get("SAGA_RECONNECT_SECONDS")
                                     or data.get("reconnect_seconds", 30)),

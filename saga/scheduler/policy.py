@@ -131,7 +131,7 @@ def interrupted(plan: Plan, run: Run) -> list[FailStep]:
     actions: list[FailStep] = []
     left = [s for s in run.steps.values() if s["status"] == "running"
             and not is_loop_parent(plan, s) and not s.get("wait")]  # a wait outlives workers
-    if left and run.takeovers >= QUARANTINE_AFTER:
+    if left and run.takeovers >= int(run.options.get("quarantine_after", QUARANTINE_AFTER)):
         # Workers keep dying under this run: stop feeding it workers, whatever step.
         return [FailStep(s["step_id"], s["iteration"], s["attempt"], "Quarantined",
                          f"quarantined: the workers driving this run died "

@@ -133,3 +133,25 @@ def test_a_poison_run_among_a_hundred_on_two_workers(sqlite_settings: Settings,
         listed = saga.list_runs(status="compensated")
         assert [r["run_id"] for r in listed] == [poison.run_id]
         assert deaths >= 3  # each takeover followed a worker the poison run killed
+
+
+def test_the_quarantine_threshold_is_configured_and_recorded(sqlite_settings: Settings,
+                                                              tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    settings = replace(sqlite_settings, quarantine_after=2)
+    with Saga(settings, tools=["tests.standins.standins"]) as saga:
+        poison = saga.submit(saga.load({"name": "poison", "steps": [
+            {"id": "k", "tool": "suicide", "retry": {"max_attempts": 10, "delay": 0.01}}]}))
+        assert poison.options["quarantine_after"] == 2  # a worker with other settings agrees
+        env = store_env(settings) | {"SAGA_TEST_CALL_LOG": str(tmp_path / "calls.jsonl")}
+        for _ in range(4):
+            subprocess.run([sys.executable, "-m", "saga.cli", "worker", "--until-idle",
+                            "--tools", "tests.standins.standins", "--poll", "0.05", "--lease",
+                            str(LEASE)], cwd=ROOT, env=env, capture_output=True, timeout=60,
+                           check=False)
+            time.sleep(LEASE)
+        recover(saga)
+        quarantined = saga.get(poison.run_id)
+        assert quarantined.error is not None and quarantined.error["type"] == "Quarantined"
+        assert quarantined.takeovers == 2
