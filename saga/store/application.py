@@ -187,9 +187,30 @@ class SagaApplication(Application[UUID]):
             for run, events in zip(runs, pending, strict=True):
                 run._pending_events = events
             return [self._save_one(run) for run in runs]
-        except StoreUnavailableError as e:
-            return [e for _ in runs]
+        except StoreUnavailableError:
+            # The connection went with the commit's outcome: settle each run on its own.
+            return [self._settle_lost(run, events)
+                    for run, events in zip(runs, pending, strict=True)]
         return [None for _ in runs]
+
+    def _settle_lost(self, run: Run, events: list[Any]) -> Exception | None:
+        """A run whose group commit lost its connection, resolved as :meth:`save_run`
+        resolves its own: by reading its versions back, never by appending blindly."""
+        def resolve() -> None:
+            stored = self._stored(events)
+            if stored is False:
+                raise ConcurrentWriteError(run.run_id)
+            if stored is None:
+                try:
+                    self.save(*events)
+                except IntegrityError:
+                    if self._stored(events) is not True:
+                        raise ConcurrentWriteError(run.run_id) from None
+        try:
+            self._io("saving a run", resolve)
+        except (ConcurrentWriteError, StoreUnavailableError) as e:
+            return e
+        return None
 
     def _save_one(self, run: Run) -> Exception | None:
         try:

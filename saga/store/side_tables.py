@@ -141,12 +141,13 @@ class Database:
                 with self.tx() as cur:
                     cur.execute(self.sql(text), tuple(args))
                     return int(cur.rowcount)
-            with self._lock:
+            with self._lock, self._lost_as_unavailable():
+                conn = self._live()  # reconnected when the last one was lost
                 if flush:  # one autocommit statement: atomic, one round trip
-                    return int(self.conn.execute(self.sql(text), tuple(args)).rowcount)
-                with self.conn.pipeline(), self.conn.transaction():
-                    self.conn.execute("SET LOCAL synchronous_commit TO off")
-                    cur = self.conn.execute(self.sql(text), tuple(args))
+                    return int(conn.execute(self.sql(text), tuple(args)).rowcount)
+                with conn.pipeline(), conn.transaction():
+                    conn.execute("SET LOCAL synchronous_commit TO off")
+                    cur = conn.execute(self.sql(text), tuple(args))
                 return int(cur.rowcount)
         return self.retrying("writing a side table", once)
 
