@@ -118,44 +118,6 @@ def _finished(view: _View, step_id: str) -> bool:
         state["status"] == "failed" and not retry_pending(state))
 
 
-#: What each run's decisions found so far, as of a version: the steps it settled
-#: (completed, skipped or compensated) and the steps it reached (roots, and what depends
-#: on a settled step or one that failed for good). A memo of facts about the run, valid
-#: while its version only grows and it was not redriven (a retry re-opens steps): each
-#: decision looks only at reached, unsettled steps, never at the whole plan.
-_MEMO: dict[tuple[str, str, str], tuple[int, int, set[str], set[str], set[str]]] = {}
-
-
-def _open_steps(view: _View) -> list[str]:
-    """The steps a decision must look at, in plan order: reached and not settled."""
-    run, plan = view.run, view.plan
-    # A run is one definition, started once: its id, start and definition name it.
-    key = (run.run_id, run.started_at, run.definition_hash)
-    retried = getattr(run, "retried", 0)
-    known = _MEMO.get(key)
-    if known is None or known[1] != retried or known[0] > run.version:
-        if len(_MEMO) > 1024:
-            _MEMO.clear()
-        roots = {s for s in plan.steps if not plan.dependencies(s)}
-        known = (run.version, retried, set(), set(roots), set(roots))
-    settled, reached, open_ = known[2], known[3], known[4]
-    _MEMO[key] = (run.version, retried, settled, reached, open_)
-    todo = list(open_)
-    while todo:  # settle what is done and reach what waits for it (once per step per run)
-        step_id = todo.pop()
-        if _state(view, step_id)["status"] in _DONE:
-            settled.add(step_id)
-            open_.discard(step_id)
-        elif not _finished(view, step_id):
-            continue  # what waits for it is not reached yet
-        for dependent in plan.dependents(step_id):  # done, or failed for good
-            if dependent not in reached:
-                reached.add(dependent)
-                open_.add(dependent)
-                todo.append(dependent)
-    return sorted(open_, key=plan.position.__getitem__)
-
-
 def _step_actions(view: _View) -> list[Action]:
     actions: list[Action] = []
     slots = [view.plan.definition.max_concurrency - _occupied(view)]
@@ -163,11 +125,10 @@ def _step_actions(view: _View) -> list[Action]:
     # Pending steps that cannot start yet: their dependents cannot either, which one set
     # lookup says (without it, each decision re-checked every later step of a long chain).
     blocked: set[str] = set()
-    for step_id in _open_steps(view):
-        step = view.plan.step(step_id)
+    for step_id, step in view.plan.steps.items():
         state = _state(view, step_id)
         if state["status"] in _DONE:
-            continue
+            continue  # most steps of a long run: decided long ago
         wait = state.get("wait") if state["status"] == "running" else None
         if wait and wait.get("signal"):
             action = _signal_delivery(view, step, state, wait["signal"], handed)
