@@ -367,6 +367,11 @@ def test_a_dry_run_records_nothing(home: Path, data: Any, pairs: list[str],
     {"id": "D", "compute": "result = 1", "depends_on": []},
     {"id": "A", "tool": "fail", "args": {}, "loop": [None], "timeout": 0.5},
     {"id": "B", "compute": "result = 1"}]}, pairs=[])
+# Iterations that cannot render and another step's completion, decided together.
+@example(data={"name": "loop2", "steps": [
+    {"id": "C", "tool": "fail", "args": {"x": ["{{ inputs.x }}"]}, "loop": "{{ [1, 2] }}",
+     "depends_on": []},
+    {"id": "D", "tool": "echo", "loop": []}]}, pairs=[])
 def test_a_run_is_recorded_whole_or_not_at_all(home: Path, data: Any,
                                                pairs: list[str]) -> None:
     steps = data.get("steps") if isinstance(data, dict) else None
@@ -410,6 +415,7 @@ COMMANDS = ["validate", "run", "submit", "status", "history", "list", "graph", "
 @example(argv=["a" * 300], command="validate", sub="")  # was: OSError (name too long), exit 1
 @example(argv=["a" * 300], command="graph", sub="")  # the same, exit 1
 @example(argv=["--since", "--json"], command="list", sub="")  # was: ValueError, exit 1
+@example(argv=["\ud800"], command="export", sub="")  # was: UnicodeEncodeError, exit 1
 @example(argv=["\ud800\ud800\ud800\ud800"], command="status", sub="")  # UnicodeEncodeError
 def test_any_command_line_gets_a_documented_answer(home: Path, argv: list[str], command: str,
                                                    sub: str) -> None:

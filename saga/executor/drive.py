@@ -131,6 +131,8 @@ class Drive:
                 launch = self._apply(action)
                 if launch is not None:
                     launches.append(launch)
+                if isinstance(action, scheduler.FailStep):
+                    break  # a failure changes what may start (fail_fast): decide again
             if before == (len(self.run.pending_events), len(launches)) or self.run.is_finished:
                 return launches
 

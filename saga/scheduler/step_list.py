@@ -160,19 +160,6 @@ def _step_actions(view: _View) -> list[Action]:
             slots[0] -= 1
         if action is not None:
             actions.append(action)
-    return _stop_at_failure(view, actions)
-
-
-def _stop_at_failure(view: _View, actions: list[Action]) -> list[Action]:
-    """Decided together, every action must still hold once the ones before it are
-    recorded: a step this call fails for good (a loop or repeat that broke, a condition
-    or parameters that do not render) stops the run, so under any strategy but
-    ``partial_success`` nothing else is decided beside it (found by fuzzing: a loop's
-    failure and a new start in one batch, which replay rightly refused)."""
-    failing = [a for a in actions if isinstance(a, FailStep) and a.iteration == 0
-               and not view.plan.step(a.step_id).tolerates_failure]
-    if failing and view.plan.definition.error_handling.failure_strategy != "partial_success":
-        return list(failing)
     return actions
 
 
