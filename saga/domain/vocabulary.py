@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any, Literal, TypedDict, get_args
 from uuid import UUID, uuid5
 
-from saga.errors import InputError, Problem
+from saga.errors import InputError, Problem, RunNotFoundError
 
 RunStatus = Literal["running", "waiting", "paused", "completed", "failed", "compensating",
                    "compensated", "cancelled"]
@@ -142,7 +142,11 @@ def run_uuid(run_id: str | UUID) -> UUID:
     try:
         return UUID(run_id)
     except ValueError:
+        pass
+    try:
         return uuid5(_NAME_NAMESPACE, run_id)
+    except UnicodeEncodeError:  # a lone surrogate: no run was ever named so
+        raise RunNotFoundError(run_id) from None
 
 
 def child_run_id(parent_run_id: str, step_id: str, iteration: int) -> str:
