@@ -134,7 +134,7 @@ def test_a_worker_drains_through_a_restart(cluster: Cluster, own: Settings,
                                            registry: Registry, tmp_path: Path) -> None:
     calls = tmp_path / "calls.log"
     with Saga(own, registry=registry) as saga:
-        ids = submit(saga, 30)
+        ids = submit(saga, 30, block=0.3)  # a drain of a few seconds
         worker = start_worker(own, calls, "--until-idle")
         wait_for(lambda: completions(saga) >= 8, 30, "the drain to start")
         cluster.restart(mode="immediate")  # a crash of the server, then recovery
