@@ -200,7 +200,11 @@ def valid_composition(draw: st.DrawFn, tools: list[str] = SAFE_TOOLS) -> dict[st
 
 
 def _some_step(data: dict[str, Any], draw: st.DrawFn) -> dict[str, Any]:
-    return draw(st.sampled_from(data["steps"]))
+    steps = data.get("steps")
+    steps = [s for s in steps if isinstance(s, dict)] if isinstance(steps, list) else []
+    if not steps:
+        raise KeyError("steps")  # an earlier mutation took them away: nothing to change
+    return draw(st.sampled_from(steps))
 
 
 MUTATIONS = [
