@@ -70,14 +70,6 @@ class Plan:
         """The steps this one waits for, in definition order."""
         return self._dependencies[step_id]
 
-    def dependents(self, step_id: str) -> list[str]:
-        """The steps that wait for this one."""
-        return self._dependents[step_id]
-
-    @functools.cached_property
-    def _dependents(self) -> dict[str, list[str]]:
-        return {s: list(self.graph.successors(s)) for s in self.order}
-
     @functools.cached_property
     def _dependencies(self) -> dict[str, list[str]]:
         return {s: sorted(self.graph.predecessors(s), key=self.order.index) for s in self.order}
