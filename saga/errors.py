@@ -60,6 +60,15 @@ class DefinitionError(SagaError):
         super().__init__(f"{summary}: {detail}")
 
 
+class CompositionNotFoundError(DefinitionError):
+    """Raised when the composition a command names is neither a file nor a template: said
+    as that, rather than as a composition with something wrong inside it."""
+
+    def __init__(self, problem: Problem) -> None:
+        super().__init__([Problem("", problem.message)])
+        self.message = problem.message
+
+
 class InputError(SagaError):
     """Raised when run inputs do not match the composition's input schema."""
 

@@ -18,7 +18,7 @@ from saga.composition.graph_form import GraphPlan, compile_graph
 from saga.composition.library import SUFFIXES, find_template
 from saga.composition.plan import Plan, compile_plan
 from saga.domain import Run
-from saga.errors import DefinitionError, Problem
+from saga.errors import CompositionNotFoundError, DefinitionError, Problem
 
 __all__ = ["GraphPlan", "Plan", "compile_any", "load", "load_child", "plan_of", "resolve"]
 
@@ -46,7 +46,10 @@ def load(source: str | Path | Mapping[str, Any], tools: Tools = None) -> Plan:
         plan = compile_any(dict(source), tools=tools)
     else:
         if not _on_disk(source, Path.exists) and Path(source).suffix in ("", *SUFFIXES):
-            source = resolve(str(source))  # a template's name where a file is expected
+            try:
+                source = resolve(str(source))  # a template's name where a file is expected
+            except DefinitionError as e:
+                raise CompositionNotFoundError(e.problems[0]) from e
         plan = compile_any(load_file(source), tools=tools, source=str(source))
     problems = []
     for i, step in enumerate(plan.definition.steps):

@@ -334,6 +334,15 @@ def test_invalid_definition_records_nothing(cli: Cli) -> None:
     assert cli.runs() == []
 
 
+@pytest.mark.parametrize("command", ["validate", "run"])
+def test_a_missing_composition_is_said_as_missing(cli: Cli, command: str) -> None:
+    result = cli(command, "no-such-file.yaml")
+    line = assert_one_line_error(result, 2, "no composition file or template 'no-such-file.yaml'",
+                                 "known templates: ")
+    assert "invalid for" not in line, line
+    assert cli.runs() == []
+
+
 # -- run -----------------------------------------------------------------------------------
 
 def test_run_json_completed(cli: Cli) -> None:
