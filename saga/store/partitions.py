@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 from uuid import UUID
@@ -66,6 +67,7 @@ class PartitionedApp(SagaApplication):
         # Not the library's __init__: this application has no recorder of its own.
         self.settings = settings
         self.parts: list[SagaApplication] = []
+        self._threads: ThreadPoolExecutor | None = None
         try:
             for index, part in enumerate(partition_settings(settings)):
                 self.parts.append(SagaApplication(part, (index, len(settings.partitions))))
@@ -113,11 +115,22 @@ class PartitionedApp(SagaApplication):
         by_part: dict[int, list[int]] = {}
         for i, run in enumerate(runs):
             by_part.setdefault(partition_of(run.id, len(self.parts)), []).append(i)
+        if len(by_part) == 1:
+            index = next(iter(by_part))
+            return self.parts[index].save_runs(runs)
+        # The partitions' commits overlap: a batch waits for the slowest, not for the sum.
+        saves = {index: self._pool().submit(self.parts[index].save_runs,
+                                            [runs[i] for i in members])
+                 for index, members in by_part.items()}
         for index, members in by_part.items():
-            errors = self.parts[index].save_runs([runs[i] for i in members])
-            for i, error in zip(members, errors, strict=True):
+            for i, error in zip(members, saves[index].result(), strict=True):
                 results[i] = error
         return results
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(len(self.parts), "saga-partition")
+        return self._threads
 
     def domain_events(self, run_id: str | UUID) -> list[Any]:
         """Every event of a run, in order, from its partition."""
@@ -150,6 +163,10 @@ class PartitionedApp(SagaApplication):
 
     def close(self) -> None:
         """Release every partition's connections."""
+        threads = self.__dict__.get("_threads")
+        if threads is not None:
+            threads.shutdown(wait=True)
+            self._threads = None
         for part in self.__dict__.get("parts", []):
             part.close()
 

@@ -179,7 +179,9 @@ def test_saga_run_from_the_cli_records_in_the_run_s_partition(
     flow = tmp_path / "flow.json"
     flow.write_text(json.dumps(FLOW))
     done = {}
-    for name in ("A-1", "A-2", "A-3", "A-4", "A-5", "A-6"):
+    names = ("A-1", "A-2", "A-4", "A-5")
+    assert sorted(partition_of(n, 2) for n in names) == [0, 0, 1, 1]
+    for name in names:
         ran = cli(parts, "run", str(flow), "--id", name, "--json", "--tools",
                   "tests.standins.standins")
         assert ran.returncode == 0, ran.stderr
@@ -241,3 +243,24 @@ def test_commands_that_read_one_database_refuse_a_partitioned_store(
     with Saga(parts, registry=registry) as saga, \
             pytest.raises(ConfigError, match="one event log per partition"):
         saga.app.notifications(1, 10)
+
+
+def test_a_group_commit_over_both_partitions_fails_only_the_stale_run(
+        clusters: tuple[Cluster, Cluster], parts: Settings, registry: Registry) -> None:
+    from saga.errors import ConcurrentWriteError
+
+    with Saga(parts, registry=registry) as saga:
+        ids = submit(saga, 8)
+        first = next(i for i in ids if partition_of(i, 2) == 0)
+        second = next(i for i in ids if partition_of(i, 2) == 1)
+        winner, stale, other = (saga.get(first), saga.get(first), saga.get(second))
+        winner.pause("tester", "first")
+        saga.app.save_run(winner)
+        stale.pause("tester", "late")
+        other.pause("tester", "meanwhile")
+        errors = saga.app.save_runs([stale, other])
+        assert isinstance(errors[0], ConcurrentWriteError) and errors[1] is None
+        assert [e["payload"].get("reason") for e in saga.history(first)
+                if e["type"] == "RunPaused"] == ["first"]
+        assert [e["payload"].get("reason") for e in saga.history(second)
+                if e["type"] == "RunPaused"] == ["meanwhile"]
