@@ -132,9 +132,10 @@ class Settings:
         """Where runs are stored, for messages (no password)."""
         if self.is_postgres:
             pg = postgres_params(self.database_url or "", self.schema)
+            of = f", first of {len(self.partitions)} partitions" if self.partitions else ""
             return (f"postgresql://{pg['POSTGRES_USER']}@{pg['POSTGRES_HOST']}:"
                     f"{pg['POSTGRES_PORT']}/{pg['POSTGRES_DBNAME']}"
-                    f" (schema {pg.get('POSTGRES_SCHEMA', 'public')})")
+                    f" (schema {pg.get('POSTGRES_SCHEMA', 'public')}{of})")
         return str(self.home / "saga.db")
 
     def store_env(self) -> dict[str, str]:

@@ -456,11 +456,10 @@ class Projections(Projection):
         return sum(p.lag() for p in self.parts)
 
     def catch_up(self, limit: int | None = None, page: int = 500) -> int:
-        """Catch every partition up (``limit`` spread over them, in turn)."""
-        applied = 0
-        for p in self.parts:
-            applied += p.catch_up(None if limit is None else max(limit - applied, 0), page)
-        return applied
+        """Catch every partition up (``limit`` shared out evenly: a busy partition does
+        not hold the others' events back in :meth:`follow`)."""
+        share = None if limit is None else max(-(-limit // len(self.parts)), 1)
+        return sum(p.catch_up(share, page) for p in self.parts)
 
     def rebuild(self) -> int:
         """Rebuild every partition's rows."""

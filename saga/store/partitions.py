@@ -79,6 +79,8 @@ class PartitionedApp(SagaApplication):
     def __getattr__(self, name: str) -> Any:
         # What the library's Application keeps (recorder, repository, ...) exists only
         # per partition: a caller that reaches for it has not been made partition-aware.
+        if name.startswith("__"):
+            raise AttributeError(name)  # protocols (copy, pickle) probing: not ours to refuse
         raise ConfigError(f"{name!r} is not available on a partitioned store "
                           f"({len(self.settings.partitions)} partitions): this command "
                           "reads one database")

@@ -264,3 +264,22 @@ def test_a_group_commit_over_both_partitions_fails_only_the_stale_run(
                 if e["type"] == "RunPaused"] == ["first"]
         assert [e["payload"].get("reason") for e in saga.history(second)
                 if e["type"] == "RunPaused"] == ["meanwhile"]
+
+
+def test_the_read_model_catches_every_partition_up_in_turn(parts: Settings,
+                                                           registry: Registry) -> None:
+    from saga.projection import Projections
+
+    with Saga(parts, registry=registry) as saga:
+        ids = submit(saga, 8)
+        assert {partition_of(i, 2) for i in ids} == {0, 1}
+        projection = saga.projection
+        assert isinstance(projection, Projections)
+        assert projection.catch_up(limit=2) == 2
+        assert projection.positions()[0] > 0 and projection.positions()[1] > 0
+        projection.catch_up()
+        assert projection.lag() == 0 and len(projection.runs(limit=None)) == 8
+        assert projection.position() == sum(projection.positions()) == projection.head()
+        assert projection.rebuild() == projection.head()
+        assert sorted(r["run_id"] for r in projection.runs(limit=3)) == sorted(
+            r["run_id"] for r in saga.list_runs(limit=3))
