@@ -283,3 +283,28 @@ def test_the_read_model_catches_every_partition_up_in_turn(parts: Settings,
         assert projection.rebuild() == projection.head()
         assert sorted(r["run_id"] for r in projection.runs(limit=3)) == sorted(
             r["run_id"] for r in saga.list_runs(limit=3))
+
+
+def test_a_child_run_lives_in_its_own_partition_not_its_parent_s(
+        clusters: tuple[Cluster, Cluster], parts: Settings, registry: Registry) -> None:
+    from saga.domain import child_run_id
+
+    child_yaml = str(ROOT / "tests" / "compositions" / "child.yaml")
+    parent = {"name": "parent", "steps": [
+        {"id": "nested", "use": child_yaml, "args": {"who": "ada"}},
+        {"id": "last", "tool": "effect", "args": {"value": "{{ nested.outputs.made }}"}}]}
+    name = next(f"P-{i}" for i in range(100)
+                if partition_of(f"P-{i}", 2) != partition_of(child_run_id(f"P-{i}",
+                                                                         "nested", 0), 2))
+    with Saga(parts, registry=registry) as saga:
+        run = saga.run(saga.load(parent), run_id=name)
+        assert run.status == "completed"
+        assert run.steps["last"]["output"]["value"] == "ada"
+        child = run.steps["nested"]["output"]["run_id"]
+        assert saga.get(child).status == "completed"
+        assert saga.status(name)["children"][0]["status"] == "completed"
+        stored = [events_by_run(c, parts.schema or "") for c in clusters]
+        for run_id in (name, child):
+            uid = str(run_uuid(run_id))
+            assert uid in stored[partition_of(run_id, 2)]
+            assert uid not in stored[1 - partition_of(run_id, 2)]
