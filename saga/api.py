@@ -41,7 +41,7 @@ from saga.errors import (
     SagaError,
 )
 from saga.executor import EventHook, Executor
-from saga.projection import Projection
+from saga.projection import Projection, open_projection
 from saga.replay import Divergence
 from saga.scheduler import compensation_order, is_loop_parent
 from saga.scheduler.policy import QUARANTINE_AFTER
@@ -53,7 +53,7 @@ from saga.store import (
     ToolCache,
     UndoStore,
     default_worker_id,
-    open_app,
+    open_store,
     wait_for_lease,
 )
 from saga.telemetry import metrics, tracing
@@ -99,7 +99,7 @@ class Saga:
     def app(self) -> SagaApplication:
         """The event store (opened on first use)."""
         if self._app is None:
-            self._app = open_app(self.settings)
+            self._app = open_store(self.settings)
         return self._app
 
     @property
@@ -534,7 +534,7 @@ class Saga:
     def projection(self) -> Projection:
         """The read model (``saga_runs``, ``saga_steps``) of this store."""
         if self._projection is None:
-            self._projection = Projection(self.app)
+            self._projection = open_projection(self.app)
         return self._projection
 
     def list_runs(self, status: str | None = None, limit: int | None = None,

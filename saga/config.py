@@ -109,6 +109,10 @@ class Settings:
     #: table lock; the default) or "xid" (no table lock, opt-in: see
     #: saga.store.pg_recorder; not yet proven through a database restart).
     pg_recorder: str = "library"
+    #: PostgreSQL URLs of the partitions runs are spread over by run id (saga.toml
+    #: ``[database] partitions``, ``SAGA_DATABASE_PARTITIONS``); ``database_url`` is the
+    #: first, which also holds the side tables (leases, schedules, cache, undo store).
+    partitions: tuple[str, ...] = ()
     file: dict[str, Any] = field(default_factory=dict)
 
     def expression_limits(self) -> dict[str, Any]:
@@ -128,9 +132,10 @@ class Settings:
         """Where runs are stored, for messages (no password)."""
         if self.is_postgres:
             pg = postgres_params(self.database_url or "", self.schema)
+            of = f", first of {len(self.partitions)} partitions" if self.partitions else ""
             return (f"postgresql://{pg['POSTGRES_USER']}@{pg['POSTGRES_HOST']}:"
                     f"{pg['POSTGRES_PORT']}/{pg['POSTGRES_DBNAME']}"
-                    f" (schema {pg.get('POSTGRES_SCHEMA', 'public')})")
+                    f" (schema {pg.get('POSTGRES_SCHEMA', 'public')}{of})")
         return str(self.home / "saga.db")
 
     def store_env(self) -> dict[str, str]:
@@ -213,10 +218,16 @@ def load_settings(env: Mapping[str, str] | None = None, cwd: Path | None = None,
         data.get("tools"), dict) else list(data.get("tools", []))
     tools += [m for m in env.get("SAGA_TOOLS", "").split(",") if m.strip()]
     home = env.get("SAGA_HOME") or data.get("home") or ".saga"
+    partitions = _partitions(env.get("SAGA_DATABASE_PARTITIONS"), database.get("partitions"))
+    url = env.get("SAGA_DATABASE_URL") or database.get("url")
+    if partitions and url and url != partitions[0]:
+        raise ConfigError("with partitions, leave SAGA_DATABASE_URL (and [database] url) "
+                          "unset: the first partition holds the side tables")
     try:
         settings = Settings(
             home=(cwd / home) if not Path(home).is_absolute() else Path(home),
-            database_url=env.get("SAGA_DATABASE_URL") or database.get("url"),
+            database_url=partitions[0] if partitions else url,
+            partitions=partitions,
             schema=env.get("SAGA_DATABASE_SCHEMA") or database.get("schema"),
             tools=tuple(dict.fromkeys(t.strip() for t in tools)),
             actor=env.get("SAGA_ACTOR") or _user(),
@@ -253,7 +264,32 @@ def load_settings(env: Mapping[str, str] | None = None, cwd: Path | None = None,
     if settings.database_url and not settings.is_postgres:
         raise ConfigError("SAGA_DATABASE_URL must start with postgresql:// "
                           "(leave it unset for the embedded SQLite store)")
+    if settings.partitions and (settings.database_url != settings.partitions[0]
+                                or not settings.is_postgres):
+        raise ConfigError("with partitions, the database URL is the first partition's")
     return settings
+
+
+def _partitions(env_value: str | None, table_value: Any) -> tuple[str, ...]:
+    """The partition URLs: ``SAGA_DATABASE_PARTITIONS`` (separated by commas or
+    whitespace) over ``[database] partitions`` (a list); one URL is no partitioning."""
+    if env_value:
+        urls = [u for u in re.split(r"[,\s]+", env_value) if u]
+    elif table_value is None:
+        return ()
+    elif isinstance(table_value, list) and all(isinstance(u, str) for u in table_value):
+        urls = list(table_value)
+    else:
+        raise ConfigError('[database] partitions must be a list of URLs: '
+                          'partitions = ["postgresql://h1/saga", "postgresql://h2/saga"]')
+    for url in urls:
+        if not url.startswith(("postgres://", "postgresql://")):
+            raise ConfigError(f"partition {url!r} must be a postgresql:// URL "
+                              "(only PostgreSQL stores are partitioned)")
+        postgres_params(url)
+    if len(set(urls)) != len(urls):
+        raise ConfigError("a database is named twice in the partitions")
+    return tuple(urls) if len(urls) > 1 else ()
 
 
 def _int_or_none(value: Any) -> int | None:

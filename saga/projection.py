@@ -39,6 +39,7 @@ from saga.domain import (
 )
 from saga.errors import StoreUnavailableError
 from saga.store.application import SagaApplication
+from saga.store.partitions import partition_of, parts_of
 from saga.store.reconnect import backoff
 from saga.store.side_tables import Database
 
@@ -421,6 +422,77 @@ class Projection:
             cur.executemany(self._db.sql(_UPSERT_RUN), run_rows)
         if step_rows:
             cur.executemany(self._db.sql(_UPSERT_STEP), step_rows)
+
+
+class Projections(Projection):
+    """The read model of a partitioned store: one :class:`Projection` per partition (its
+    rows and position beside that partition's log), read together. ``position()`` is
+    the sum of the partitions' positions; :meth:`positions` gives each."""
+
+    def __init__(self, app: SagaApplication, name: str = "status") -> None:
+        """One projection per partition of ``app``."""
+        self.app, self.name = app, name
+        self.parts = [Projection(part, name) for part in parts_of(app)]
+
+    def create_tables(self) -> None:
+        """Create the tables in every partition."""
+        for p in self.parts:
+            p.create_tables()
+
+    def positions(self) -> list[int]:
+        """Each partition's position, in partition order."""
+        return [p.position() for p in self.parts]
+
+    def position(self) -> int:
+        """The sum of the partitions' positions (each log numbers its own events)."""
+        return sum(self.positions())
+
+    def head(self) -> int:
+        """The sum of the partitions' heads."""
+        return sum(p.head() for p in self.parts)
+
+    def lag(self) -> int:
+        """Notifications not applied yet, in every partition together."""
+        return sum(p.lag() for p in self.parts)
+
+    def catch_up(self, limit: int | None = None, page: int = 500) -> int:
+        """Catch every partition up (``limit`` shared out evenly: a busy partition does
+        not hold the others' events back in :meth:`follow`)."""
+        share = None if limit is None else max(-(-limit // len(self.parts)), 1)
+        return sum(p.catch_up(share, page) for p in self.parts)
+
+    def rebuild(self) -> int:
+        """Rebuild every partition's rows."""
+        return sum(p.rebuild() for p in self.parts)
+
+    def runs(self, status: str | None = None, limit: int | None = 50,
+             since: str | None = None, definition: str | None = None,
+             actor: str | None = None, labels: dict[str, str] | None = None,
+             until: str | None = None) -> list[dict[str, Any]]:
+        """Runs newest first across the partitions (as :meth:`Projection.runs`)."""
+        rows = [r for p in self.parts for r in p.runs(status, limit, since, definition,
+                                                      actor, labels, until)]
+        rows.sort(key=lambda r: (r["started_at"] or "", r["run_id"]), reverse=True)
+        return rows if limit is None else rows[:limit]
+
+    def ids_starting(self, prefix: str, limit: int = 4) -> list[str]:
+        """Ids (or chosen names) starting with ``prefix``, in every partition."""
+        return sorted(i for p in self.parts for i in p.ids_starting(prefix, limit))[:limit]
+
+    def steps(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's step executions, from its partition."""
+        return self.parts[partition_of(run_id, len(self.parts))].steps(run_id)
+
+    def close(self) -> None:
+        """Close every partition's connection."""
+        for p in self.parts:
+            p.close()
+
+
+def open_projection(app: SagaApplication, name: str = "status") -> Projection:
+    """The read model of ``app``'s store: merged over the partitions of a partitioned
+    one."""
+    return Projections(app, name) if len(parts_of(app)) > 1 else Projection(app, name)
 
 
 def snapshot_tables(p: Projection) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:

@@ -40,7 +40,7 @@ from saga.api import Saga
 from saga.composition.library import TemplateInfo, find_template, list_templates, read_template
 from saga.domain import RUN_STATUSES, TERMINAL, step_key
 from saga.errors import StoreUnavailableError
-from saga.projection import Projection
+from saga.projection import open_projection
 
 #: The outcomes counted, in the order they are shown.
 OUTCOMES = ("completed", "failed", "compensated", "cancelled", "running", "waiting",
@@ -433,7 +433,7 @@ def render(report: Report, fmt: str = "md") -> str:
 
 def _every_run(saga: Saga) -> list[dict[str, Any]]:
     """Every row of the read model's ``saga_runs``, after catching up with the log."""
-    projection = Projection(saga.app)
+    projection = open_projection(saga.app)
     try:
         projection.catch_up()
         return projection.runs(limit=None)

@@ -41,6 +41,7 @@ from saga.executor import Executor
 from saga.store.application import SagaApplication
 from saga.store.group_commit import GroupCommit
 from saga.store.leases import Claim, Leases, default_worker_id
+from saga.store.partitions import part_for, parts_of
 from saga.store.reconnect import backoff
 from saga.telemetry import metrics
 
@@ -90,20 +91,29 @@ class RunIndex:
     position: int = 0
     runs: dict[str, _Followed] = field(default_factory=dict)
     children: set[str] = field(default_factory=set)
+    #: The positions in the logs of a partitioned store's other partitions (each has its
+    #: own log; ``position`` is the first's), by partition index.
+    positions: dict[int, int] = field(default_factory=dict)
 
     def refresh(self) -> None:
-        """Read the log since the last refresh."""
-        while True:
-            page = self.app.notifications(self.position + 1, 1000)
-            for n in page:
-                if event_name(n.topic) == "RunStarted" and _has_parent(n.state):
-                    self.children.add(str(n.originator_id))
-                    continue  # a child run is driven by its parent's step, never on its own
-                self._apply(str(n.originator_id), n.topic, n.state)
-            if page:
-                self.position = page[-1].id
-            if len(page) < 1000:
-                return
+        """Read the log (of every partition) since the last refresh."""
+        for index, app in enumerate(parts_of(self.app)):
+            position = self.position if index == 0 else self.positions.get(index, 0)
+            while True:
+                page = app.notifications(position + 1, 1000)
+                for n in page:
+                    if event_name(n.topic) == "RunStarted" and _has_parent(n.state):
+                        self.children.add(str(n.originator_id))
+                        continue  # a child run is driven by its parent's step, never alone
+                    self._apply(str(n.originator_id), n.topic, n.state)
+                if page:
+                    position = page[-1].id
+                    if index == 0:
+                        self.position = position
+                    else:
+                        self.positions[index] = position
+                if len(page) < 1000:
+                    break
 
     def _apply(self, run_id: str, topic: str, state: bytes) -> None:
         kind = event_name(topic)
@@ -148,7 +158,7 @@ class RunIndex:
 
     def _started(self, run_id: str) -> dict[str, Any]:
         """The ``RunStarted`` payload of a run started before this index's position."""
-        stored = self.app.recorder.select_events(run_uuid(run_id), lte=1)
+        stored = part_for(self.app, run_id).recorder.select_events(run_uuid(run_id), lte=1)
         return _payload(stored[0].state) if stored else {}
 
     def runnable(self) -> list[str]:

@@ -5,6 +5,10 @@ Usage::
 
     python ops/bench/drain.py [--runs 300] [--steps 5] [--workers 1,4] [--concurrency 64]
                               [--repeats 3] [--pg-url URL] [--recorder xid|library]
+                              [--partitions URL,URL...]
+
+With ``--partitions``, every worker count drains twice per repeat: into the first URL
+alone, and into a store partitioned over all of them (README, Partitioned stores).
 
 Each repeat and worker count gets a fresh schema ``drain_<random>`` (dropped after): the
 runs are submitted first (not timed), then the worker processes are spawned, connect, wait
@@ -36,17 +40,19 @@ def chain(n: int) -> dict[str, Any]:
         for i in range(n)]}
 
 
-def _settings(url: str, schema: str, recorder: str) -> Any:
+def _settings(urls: tuple[str, ...], schema: str, recorder: str) -> Any:
+    """One database, or a store partitioned over several."""
     from saga.config import Settings
-    return Settings(database_url=url, schema=schema, actor="drain", pool_size=2,
-                    max_overflow=4, pg_recorder=recorder)
+    return Settings(database_url=urls[0], partitions=urls if len(urls) > 1 else (),
+                    schema=schema, actor="drain", pool_size=2, max_overflow=4,
+                    pg_recorder=recorder)
 
 
-def _worker(url: str, schema: str, recorder: str, concurrency: int, barrier: Any,
-            out: Any) -> None:
+def _worker(urls: tuple[str, ...], schema: str, recorder: str, concurrency: int,
+            barrier: Any, out: Any) -> None:
     from saga.api import Saga
     from saga.tools import load_registry
-    with Saga(_settings(url, schema, recorder), registry=load_registry([])) as saga:
+    with Saga(_settings(urls, schema, recorder), registry=load_registry([])) as saga:
         worker = saga.worker_loop(concurrency=concurrency, poll_interval=0.05)
         worker.index.refresh()
         barrier.wait()
@@ -54,22 +60,23 @@ def _worker(url: str, schema: str, recorder: str, concurrency: int, barrier: Any
         out.put((worker.driven, worker.group.commits))
 
 
-def drain_once(url: str, runs: int, steps: int, workers: int, concurrency: int,
+def drain_once(urls: tuple[str, ...], runs: int, steps: int, workers: int, concurrency: int,
                recorder: str) -> dict[str, float]:
     """One drain of ``runs`` runs by ``workers`` processes; seconds and counts."""
     import psycopg
 
     from saga.api import Saga
+    from saga.store.partitions import parts_of
     from saga.tools import load_registry
     schema = f"drain_{uuid.uuid4().hex[:10]}"
     try:
-        with Saga(_settings(url, schema, recorder), registry=load_registry([])) as saga:
+        with Saga(_settings(urls, schema, recorder), registry=load_registry([])) as saga:
             plan = saga.load(chain(steps))
             ids = [saga.submit(plan, {}).run_id for _ in range(runs)]
             saga.leases  # noqa: B018 - the side tables exist before the workers start
         ctx = mp.get_context("spawn")
         barrier, out = ctx.Barrier(workers + 1), ctx.Queue()
-        procs = [ctx.Process(target=_worker, args=(url, schema, recorder, concurrency,
+        procs = [ctx.Process(target=_worker, args=(urls, schema, recorder, concurrency,
                                                    barrier, out)) for _ in range(workers)]
         for p in procs:
             p.start()
@@ -79,16 +86,18 @@ def drain_once(url: str, runs: int, steps: int, workers: int, concurrency: int,
             p.join(timeout=600)
         seconds = time.perf_counter() - started
         commits = sum(out.get(timeout=10)[1] for _ in procs)
-        with Saga(_settings(url, schema, recorder), registry=load_registry([])) as saga:
+        with Saga(_settings(urls, schema, recorder), registry=load_registry([])) as saga:
             done = sum(saga.get(i).status == "completed" for i in ids)
-            events = len(saga.app.recorder.select_notifications(start=None, limit=10**7))
+            events = sum(len(part.recorder.select_notifications(start=None, limit=10**7))
+                         for part in parts_of(saga.app))
         if done != runs:
             raise SystemExit(f"only {done} of {runs} runs completed")
         return {"seconds": seconds, "runs_per_s": runs / seconds,
                 "events_per_s": events / seconds, "events": events, "commits": commits}
     finally:
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        for url in urls:
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,29 +109,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--pg-url", default=DEFAULT_PG_URL)
     parser.add_argument("--recorder", default="xid", choices=["xid", "library"])
+    parser.add_argument("--partitions", help="comma-separated URLs: also drain into a "
+                                             "store partitioned over them")
     args = parser.parse_args(argv)
     counts = [int(w) for w in args.workers.split(",")]
-    samples: dict[int, list[dict[str, float]]] = {w: [] for w in counts}
+    stores: list[tuple[str, ...]] = [(args.pg_url,)]
+    if args.partitions:
+        urls = tuple(u for u in args.partitions.split(",") if u)
+        stores = [urls[:1], urls]
+    configs = [(store, w) for store in stores for w in counts]
+    samples: dict[tuple[tuple[str, ...], int], list[dict[str, float]]] = {
+        c: [] for c in configs}
     for r in range(args.repeats):
-        for w in (counts if r % 2 == 0 else counts[::-1]):  # interleaved
-            s = drain_once(args.pg_url, args.runs, args.steps, w, args.concurrency,
-                           args.recorder)
-            samples[w].append(s)
-            print(f"[drain] repeat {r + 1}: {w} worker(s): {s['seconds']:.2f} s, "
-                  f"{s['runs_per_s']:.0f} runs/s, {s['events_per_s']:.0f} events/s, "
-                  f"{s['commits']} commits", file=sys.stderr, flush=True)
-    base = counts[0]
+        for store, w in (configs if r % 2 == 0 else configs[::-1]):  # interleaved
+            s = drain_once(store, args.runs, args.steps, w, args.concurrency, args.recorder)
+            samples[(store, w)].append(s)
+            print(f"[drain] repeat {r + 1}: {len(store)} database(s), {w} worker(s): "
+                  f"{s['seconds']:.2f} s, {s['runs_per_s']:.0f} runs/s, "
+                  f"{s['events_per_s']:.0f} events/s, {s['commits']} commits",
+                  file=sys.stderr, flush=True)
+    base = configs[0]
     print(f"\n{args.runs} runs of a {args.steps}-step noop chain, concurrency "
           f"{args.concurrency} per worker, recorder {args.recorder}, "
           f"{args.repeats} interleaved repeats (median [min..max])\n")
-    print(f"| worker processes | runs/s | events/s | commits | × {base} worker(s) |")
-    print("|---:|---:|---:|---:|---:|")
-    for w in counts:
-        rps = [s["runs_per_s"] for s in samples[w]]
+    print(f"| databases | worker processes | runs/s | events/s | commits "
+          f"| × {len(base[0])} database, {base[1]} worker(s) |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for c in configs:
+        rps = [s["runs_per_s"] for s in samples[c]]
         ratios = [a["runs_per_s"] / b["runs_per_s"]
-                  for a, b in zip(samples[w], samples[base], strict=True)]
-        print(f"| {w} | {_spread(rps)} | {_spread([s['events_per_s'] for s in samples[w]])} "
-              f"| {statistics.median(s['commits'] for s in samples[w]):.0f} "
+                  for a, b in zip(samples[c], samples[base], strict=True)]
+        print(f"| {len(c[0])} | {c[1]} | {_spread(rps)} "
+              f"| {_spread([s['events_per_s'] for s in samples[c]])} "
+              f"| {statistics.median(s['commits'] for s in samples[c]):.0f} "
               f"| {_spread(ratios, 2)} |")
     return 0
 

@@ -51,6 +51,7 @@ from saga.audit.store import (
     _uuid,
 )
 from saga.config import Settings
+from saga.errors import ConfigError
 from saga.store.application import open_app
 from saga.store.side_tables import Database
 from saga.store.undo import UNDO_TABLE
@@ -170,6 +171,8 @@ def apply_retention(settings: Settings, older_than_days: float, dry_run: bool = 
     """
     if older_than_days < 0:
         raise ValueError("older_than_days must be >= 0")
+    if settings.partitions:  # the undo state is in the first partition, the runs in any
+        raise ConfigError("retention over a partitioned store is not supported yet")
     moment = now or datetime.now(UTC)
     moment = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
     cutoff = moment - timedelta(days=older_than_days)

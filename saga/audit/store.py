@@ -22,7 +22,8 @@ from saga.chain import canonical
 from saga.config import Settings
 from saga.domain import TOPIC_PREFIX, run_uuid
 from saga.errors import DoctoredSnapshotError, RunNotFoundError, StoreUnavailableError, first_line
-from saga.store.application import open_app
+from saga.store.application import SagaApplication
+from saga.store.partitions import partition_of, partition_settings
 from saga.store.side_tables import Database
 
 _SQLITE_TABLES = ("stored_events", "stored_snapshots")
@@ -124,15 +125,25 @@ def _run_ids(db: Database, settings: Settings) -> list[str]:
     return [str(_uuid(str(row["id"]))) for row in rows]
 
 
+def _partition(settings: Settings, run_id: str) -> Settings:
+    """The settings of the partition that holds ``run_id`` (``settings`` unpartitioned)."""
+    parts = partition_settings(settings)
+    return parts[partition_of(run_id, len(parts))]
+
+
 def read_records(settings: Settings, run_id: str) -> list[Record]:
     """A run's raw stored events, by version ([] when the store has none for it)."""
     _uuid(run_id)
+    settings = _partition(settings, run_id)
     with _open(settings) as db:
         return [] if db is None else _read(db, settings, run_id)
 
 
 def run_ids(settings: Settings) -> list[str]:
-    """The id of every run in the store, in the order they were first recorded."""
+    """The id of every run in the store, in the order they were first recorded (partition
+    after partition)."""
+    if settings.partitions:
+        return [r for part in partition_settings(settings) for r in run_ids(part)]
     with _open(settings) as db:
         return [] if db is None else _run_ids(db, settings)
 
@@ -149,6 +160,19 @@ def verify_store(settings: Settings, run_ids: Iterable[str] | None = None,
     :class:`RunNotFoundError`. ``expected_heads``: run id -> a head known from elsewhere."""
     heads = {str(_uuid(k)): v for k, v in (expected_heads or {}).items()}
     wanted = None if run_ids is None else [str(_uuid(r)) for r in run_ids]
+    if settings.partitions:  # each partition verifies its own runs
+        parts = partition_settings(settings)
+        mine = [None if wanted is None else [r for r in wanted
+                                             if partition_of(r, len(parts)) == i]
+                for i in range(len(parts))]
+        return [result for i, (part, ids) in enumerate(zip(parts, mine, strict=True))
+                if ids != [] for result in _verify(part, ids, key, heads, (i, len(parts)))]
+    return _verify(settings, wanted, key, heads, None)
+
+
+def _verify(settings: Settings, wanted: list[str] | None, key: bytes | str | None,
+            heads: Mapping[str, str], place: tuple[int, int] | None) -> list[Result]:
+    """:func:`verify_store` in one database (``place``: the partition it is, if one)."""
     results = []
     with _open(settings) as db:
         if db is None:
@@ -162,17 +186,18 @@ def verify_store(settings: Settings, run_ids: Iterable[str] | None = None,
                 raise RunNotFoundError(run_id)
             result = verify_records(records, key, heads.get(run_id))
             if result.ok and snapshots:
-                result = _check_snapshot(settings, result, key)
+                result = _check_snapshot(settings, result, key, place)
             results.append(result)
     return results
 
 
-def _check_snapshot(settings: Settings, result: Result, key: bytes | str | None) -> Result:
+def _check_snapshot(settings: Settings, result: Result, key: bytes | str | None,
+                    place: tuple[int, int] | None = None) -> Result:
     """A run's latest snapshot against the state its (verified) events produce: an edited
     snapshot is reported, key or no key, because the state is rebuilt to compare."""
     if key:
         settings = replace(settings, audit_key=key.decode() if isinstance(key, bytes) else key)
-    app = open_app(settings)
+    app = SagaApplication(settings, place)
     try:
         if app.snapshots is None:
             return result

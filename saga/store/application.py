@@ -24,13 +24,14 @@ from saga.config import Settings
 from saga.domain import TOPIC_PREFIX, Run, iso, run_uuid
 from saga.errors import (
     ConcurrentWriteError,
+    ConfigError,
     DoctoredSnapshotError,
     RunNotFoundError,
     StoreUnavailableError,
     first_line,
 )
 from saga.store.reconnect import Reconnect, connection_lost
-from saga.store.side_tables import DDL_LOCK, connect_postgres
+from saga.store.side_tables import DDL_LOCK, check_place, connect_postgres
 
 log = logging.getLogger("saga.store")
 T = TypeVar("T")
@@ -57,7 +58,12 @@ class SagaApplication(Application[UUID]):
 
     name = "saga"
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, partition: tuple[int, int] | None = None) -> None:
+        """Open the store (``partition``: its index and the count of partitions, when it
+        is one; see :mod:`saga.store.partitions`)."""
+        if settings.partitions:  # one database here: saga.store.partitions spans several
+            raise ConfigError(f"this reads one database, and the store has "
+                              f"{len(settings.partitions)} partitions: not supported yet")
         self.settings = settings
         # The key signs each event's link; it lives in configuration, never in the store.
         Run.audit_key = settings.audit_key.encode() if settings.audit_key else None
@@ -69,8 +75,14 @@ class SagaApplication(Application[UUID]):
         self.reconnect = Reconnect(settings.reconnect_seconds, enabled=settings.is_postgres,
                                    on_lost=self._drop_dead_connections)
         if settings.is_postgres:
-            with _postgres_setup(settings), store_errors(settings.store_description):
+            with _postgres_setup(settings) as conn, store_errors(settings.store_description):
                 super().__init__(env=env)
+                try:
+                    check_place(conn, env.get("POSTGRES_SCHEMA", "public"), partition,
+                                settings.store_description)
+                except BaseException:
+                    self.close()
+                    raise
             _without_blind_retries(self.recorder, getattr(self.snapshots, "recorder", None))
         else:
             settings.home.mkdir(parents=True, exist_ok=True)
@@ -290,7 +302,7 @@ def event_json(e: Any) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _postgres_setup(settings: Settings) -> Iterator[None]:
+def _postgres_setup(settings: Settings) -> Iterator[Any]:
     """Create the configured schema (the library requires it to exist) and hold an
     advisory lock while the library runs its DDL: concurrent ``CREATE TABLE``/``TYPE`` in
     PostgreSQL fail with "tuple concurrently updated" when many workers start at once."""
@@ -305,7 +317,7 @@ def _postgres_setup(settings: Settings) -> Iterator[None]:
             if schema:
                 conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
                     sql.Identifier(schema)))
-            yield
+            yield conn
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (DDL_LOCK,))
 

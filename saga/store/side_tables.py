@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from saga.config import Settings
-from saga.errors import StoreUnavailableError, first_line
+from saga.errors import ConfigError, StoreUnavailableError, first_line
 from saga.store.reconnect import Reconnect, connection_lost
 
 Row = dict[str, Any]
@@ -178,6 +178,48 @@ class Database:
         """Close the connection."""
         with contextlib.suppress(Exception):
             self.conn.close()
+
+
+def check_place(conn: Any, schema: str, place: tuple[int, int] | None, where: str) -> None:
+    """Check a PostgreSQL store's place among partitions (``place``: its index and the
+    count; None when it is opened alone), on ``conn`` while the DDL lock is held.
+
+    A partition records its place the first time (``saga_partition``) and is refused
+    anywhere else: a run's partition is its id's hash modulo the count, so another count
+    or order would look for runs where they are not. A database that holds runs recorded
+    without partitions cannot become one, and a partition cannot be opened alone."""
+    from psycopg import sql
+
+    table = sql.Identifier(schema, "saga_partition")
+    if place is None:
+        exists = conn.execute("SELECT to_regclass(%s)", (f'"{schema}".saga_partition',))
+        if exists.fetchone()[0] is None:
+            return
+    else:
+        conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (id INTEGER PRIMARY KEY CHECK "
+                             "(id = 1), partition_index INTEGER NOT NULL, partition_count "
+                             "INTEGER NOT NULL)").format(table))
+    select = sql.SQL("SELECT partition_index, partition_count FROM {}").format(table)
+    row = conn.execute(select).fetchone()
+    if place is None:
+        if row is not None:
+            raise ConfigError(f"{where} is partition {row[0] + 1} of {row[1]}: configure "
+                              "every partition ([database] partitions), not one database")
+        return
+    if row is None:
+        events = sql.Identifier(schema, "saga_events")
+        if conn.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(events)
+                        ).fetchone()[0]:
+            raise ConfigError(f"{where} holds runs recorded without partitions: it cannot "
+                              "become a partition (its runs would be looked for by their "
+                              "id's hash in other partitions)")
+        conn.execute(sql.SQL("INSERT INTO {} VALUES (1, %s, %s)").format(table), place)
+        row = place
+    if tuple(row) != tuple(place):
+        raise ConfigError(f"{where} is partition {row[0] + 1} of {row[1]}, but the "
+                          f"configuration makes it partition {place[0] + 1} of {place[1]}: "
+                          "changing the partitions of a store is not supported (its runs "
+                          "would move)")
 
 
 def connect_postgres(env: dict[str, str], where: str) -> Any:
