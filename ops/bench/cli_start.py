@@ -10,7 +10,7 @@ sources again, which costs more than most of the imports this measures.
 
     python ops/bench/cli_start.py                 # 11 samples each
     python ops/bench/cli_start.py 21              # more samples
-    python ops/bench/cli_start.py 11 --root DIR   # another checkout of saga (a baseline)
+    python ops/bench/cli_start.py 11 --root OLD --root .   # two checkouts, interleaved
 """
 
 from __future__ import annotations
@@ -51,38 +51,43 @@ def summary(samples: list[float]) -> str:
     return f"{statistics.median(samples):.3f} s [{min(samples):.3f}..{max(samples):.3f}]"
 
 
-def main(n: int, root: Path) -> None:
-    """Sample each command ``n`` times, interleaved, and print the summaries."""
+def main(n: int, roots: list[Path]) -> None:
+    """Sample each command of each checkout ``n`` times, interleaved, and print the
+    summaries."""
     with tempfile.TemporaryDirectory() as tmp:
         Path(tmp, "flow.yaml").write_text(FLOW, encoding="utf-8")
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith("SAGA_") and k != "PYTHONDONTWRITEBYTECODE"}
-        env["PYTHONPATH"] = str(root)
-        commands = {
-            "python -c pass": [sys.executable, "-c", "pass"],
-            "saga --help": [sys.executable, "-m", "saga.cli", "--help"],
-            "saga run flow.yaml (3 steps)": [sys.executable, "-m", "saga.cli", "run",
-                                             "flow.yaml"],
-        }
-        # creates the store, and the bytecode caches of what a run imports
-        timed(commands["saga run flow.yaml (3 steps)"], tmp, env)
+        base = {k: v for k, v in os.environ.items()
+                if not k.startswith("SAGA_") and k != "PYTHONDONTWRITEBYTECODE"}
+        commands: dict[str, tuple[list[str], dict[str, str]]] = {
+            "python -c pass": ([sys.executable, "-c", "pass"], base)}
+        for root in roots:
+            env = {**base, "PYTHONPATH": str(root),
+                   "SAGA_HOME": str(Path(tmp, f".saga-{len(commands)}"))}
+            label = f" ({root})" if len(roots) > 1 else ""
+            commands[f"saga --help{label}"] = ([sys.executable, "-m", "saga.cli", "--help"], env)
+            run = [sys.executable, "-m", "saga.cli", "run", "flow.yaml"]
+            commands[f"saga run flow.yaml{label}"] = (run, env)
+            timed(run, tmp, env)  # creates the store, and the bytecode caches of a run
         load = os.getloadavg()
         samples: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
         for _ in range(n):
-            for name, cmd in commands.items():
+            for name, (cmd, env) in commands.items():
                 samples[name].append(timed(cmd, tmp, env))
         after = os.getloadavg()
-    print(f"{root}: {n} samples each, load average {load[0]:.2f} before, {after[0]:.2f} after, "
-          f"{os.cpu_count()} CPUs")
-    print(f"  {'':30} {'wall':26} cpu (user + system)")
+    print(f"{n} samples each, load average {load[0]:.2f} before, {after[0]:.2f} after, "
+          f"{os.cpu_count()} CPUs; median [min..max]")
+    width = max(len(name) for name in samples)
+    print(f"  {'':{width}} {'wall':26} cpu (user + system)")
     for name, values in samples.items():
         wall, cpu = [v[0] for v in values], [v[1] for v in values]
-        print(f"  {name:30} {summary(wall):26} {summary(cpu)}")
+        print(f"  {name:{width}} {summary(wall):26} {summary(cpu)}")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("samples", nargs="?", type=int, default=11)
-    parser.add_argument("--root", type=Path, default=ROOT, help="the checkout to measure")
+    parser.add_argument("--root", type=Path, action="append",
+                        help="a checkout of saga to measure (repeatable, interleaved; "
+                             "default: this one)")
     args = parser.parse_args()
-    main(args.samples, args.root.resolve())
+    main(args.samples, [r.resolve() for r in args.root or [ROOT]])
