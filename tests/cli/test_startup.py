@@ -76,9 +76,11 @@ def test_every_help_has_an_example() -> None:
 
 #: What a run of a step-list composition never touches, so ``saga run`` does not import it
 #: (networkx and the graph form's models are for graph-form files and drawings; audit,
-#: replay, schedules and workers for their own commands).
+#: replay, schedules and workers for their own commands; Jinja2 for templates; cryptography
+#: for SAGA_UNDO_KEY; rich for a terminal or text that is not plain).
 NOT_FOR_A_STEP_LIST_RUN = ("networkx", "saga.audit", "saga.replay", "saga.schedules",
-                           "saga.worker", "saga.diagram", "croniter")
+                           "saga.worker", "saga.diagram", "croniter", "jinja2",
+                           "cryptography", "rich")
 STEP_LIST = """name: three
 steps:
   - {id: s0, tool: noop}
@@ -97,13 +99,19 @@ edges:
 
 
 def run_in_a_process(tmp_path: Path, text: str) -> tuple[dict[str, Any], list[str], bool]:
-    """``saga run FILE --json`` in a fresh interpreter: the run it printed, the modules it
-    had loaded by the end, and whether the graph form's pydantic models had been built."""
+    """``saga run FILE`` (its summary printed off a terminal), then ``saga run FILE --json``
+    in a fresh interpreter: the run the second printed, the modules loaded by the end, and
+    whether the graph form's pydantic models had been built."""
     flow = tmp_path / "flow.yaml"
     flow.write_text(text, encoding="utf-8")
-    code = ("import sys, json\nfrom saga.cli import main\n"
-            f"try:\n    main(['run', {str(flow)!r}, '--json'], standalone_mode=False)\n"
-            "except SystemExit as e:\n    assert not e.code, e.code\n"
+    code = ("import contextlib, io, sys, json\nfrom saga.cli import main\n"
+            "text = io.StringIO()\n"
+            f"for args, out in ((['run', {str(flow)!r}], text), "
+            f"(['run', {str(flow)!r}, '--json'], sys.stdout)):\n"
+            "    try:\n        with contextlib.redirect_stdout(out):\n"
+            "            main(args, standalone_mode=False)\n"
+            "    except SystemExit as e:\n        assert not e.code, e.code\n"
+            "assert '): completed' in text.getvalue(), text.getvalue()\n"
             "from saga.composition import graph_model\n"
             "print(json.dumps([sorted(sys.modules), "
             "graph_model.WorkflowGraph.__pydantic_complete__]))")
