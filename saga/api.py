@@ -14,10 +14,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from saga import composition, expressions, replay, secrets
-from saga.audit import REDACTED
+from saga import composition, expressions, secrets
 from saga.chain import json_safe
 from saga.composition import Plan, plan_of
 from saga.composition.definition import parse_duration, resolve_inputs
@@ -41,11 +40,10 @@ from saga.errors import (
     SagaError,
 )
 from saga.executor import EventHook, Executor
+from saga.lazy import lazy
 from saga.projection import Projection, open_projection
-from saga.replay import Divergence
 from saga.scheduler import compensation_order, is_loop_parent
 from saga.scheduler.policy import QUARANTINE_AFTER
-from saga.schedules import Schedules, from_config
 from saga.store import (
     Database,
     Leases,
@@ -59,7 +57,14 @@ from saga.store import (
 from saga.telemetry import metrics, tracing
 from saga.tools import Registry, load_registry
 from saga.views import check_moments, row_summary, run_summary
-from saga.worker import WORKER_HOLD, Worker
+
+if TYPE_CHECKING:
+    from saga import audit, replay
+    from saga import schedules as schedules_
+    from saga import worker as worker_
+else:  # loaded when first used: a run started here needs none of them (saga.lazy)
+    audit, replay = lazy("saga.audit"), lazy("saga.replay")
+    schedules_, worker_ = lazy("saga.schedules"), lazy("saga.worker")
 
 log = logging.getLogger("saga")
 
@@ -79,7 +84,7 @@ class Saga:
         self._projection: Projection | None = None
         self._cache: ToolCache | None = None
         self._undo_store: UndoStore | None = None
-        self._schedules: Schedules | None = None
+        self._schedules: schedules_.Schedules | None = None
         self.worker = worker or default_worker_id()
 
     def __enter__(self) -> Saga:
@@ -134,12 +139,12 @@ class Saga:
                         hold=self.settings.hold_seconds if hold is None else hold)
 
     @property
-    def schedules(self) -> Schedules:
+    def schedules(self) -> schedules_.Schedules:
         """The schedules of this store (``saga_schedules``)."""
         if self._schedules is None:
             self.leases  # noqa: B018 - opens the side connection the schedules share
             assert self._db is not None
-            self._schedules = Schedules(self._db)
+            self._schedules = schedules_.Schedules(self._db)
         return self._schedules
 
     def fire_schedules(self) -> list[str]:
@@ -154,7 +159,7 @@ class Saga:
 
     def sync_schedules(self) -> None:
         """Add or change the schedules saga.toml declares (``[schedules.NAME]``)."""
-        self.schedules.sync(from_config(self.settings.file),
+        self.schedules.sync(schedules_.from_config(self.settings.file),
                             lambda source: self.load(source).record())
 
     @property
@@ -456,10 +461,10 @@ class Saga:
         """The run's domain events, in order."""
         return self.app.domain_events(self.resolve(run_id))
 
-    def verify(self, run_id: str) -> Divergence | None:
+    def verify(self, run_id: str) -> replay.Divergence | None:
         """Replay the run's history through the current scheduler; the first divergence."""
         events = self.events(run_id)
-        if events and getattr(events[0], "inputs", None) == REDACTED:
+        if events and getattr(events[0], "inputs", None) == audit.REDACTED:
             raise RunStateError(f"run {run_id} was redacted by retention: its inputs and "
                                 "outputs are gone, so its decisions cannot be replayed")
         return replay.verify(events)
@@ -472,11 +477,12 @@ class Saga:
         """The plan a run is driven by (its recorded definition, compiled)."""
         return plan_of(run)
 
-    def worker_loop(self, **kwargs: Any) -> Worker:
+    def worker_loop(self, **kwargs: Any) -> worker_.Worker:
         """A worker over this store (see :class:`saga.worker.Worker`)."""
-        return Worker(self.app, self.leases,
-                      lambda worker: self.executor(worker=worker, hold=WORKER_HOLD),
-                      tick=self.fire_schedules, **{"queues": self.settings.queues, **kwargs})
+        return worker_.Worker(
+            self.app, self.leases,
+            lambda worker: self.executor(worker=worker, hold=worker_.WORKER_HOLD),
+            tick=self.fire_schedules, **{"queues": self.settings.queues, **kwargs})
 
     def get(self, run_id: str, version: int | None = None) -> Run:
         """The run as recorded (``run_id`` may be a unique prefix of its id)."""
@@ -587,7 +593,7 @@ class Saga:
 def _refuse_redacted(run: Run) -> None:
     """A run whose user data retention removed cannot be driven: its tools would get
     ``{"_redacted": true}`` where parameters and outputs were."""
-    if run.inputs == REDACTED:
+    if run.inputs == audit.REDACTED:
         raise RunStateError(f"run {run.run_id} was redacted by retention; it can no longer "
                             "be resumed, retried, compensated or cancelled")
 

@@ -4,6 +4,12 @@ import graph has no cycle, and imports are at module level except optional drive
 The stages, top to bottom (DESIGN.md §2). A module may import its own package, and any
 module of its own stage or a stage below; never one above. ``TYPE_CHECKING`` imports are
 for annotations only and are not counted.
+
+A module that loads another on first use (``x = lazy("saga.x")``, :mod:`saga.lazy`, so that
+``saga run`` does not import what it never touches) still names it at its top, and that
+name counts as an import here, for the stages and for cycles alike: laziness changes
+when a module loads, not which modules may depend on which. ``lazy()`` inside a function
+is a deferred import like any other.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ STAGES: list[set[str]] = [
     {"saga.scheduler", "saga.audit", "saga.projection", "saga.views"},
     {"saga.tools", "saga.composition", "saga.store", "saga.diagram"},
     {"saga.secrets", "saga.config", "saga.expressions", "saga.domain", "saga.telemetry"},
-    {"saga.errors", "saga.chain"},
+    {"saga.errors", "saga.chain", "saga.lazy"},
 ]
 #: Third-party modules a function may import when it first needs them: drivers and
 #: optional extras, so that importing saga (and starting the CLI) loads none of them.
@@ -57,6 +63,15 @@ def _type_checking(node: ast.If) -> bool:
         ast.unparse(node.test).endswith("TYPE_CHECKING")
 
 
+def _lazy_target(node: ast.AST) -> str | None:
+    """``"saga.x"`` for a call ``lazy("saga.x")``."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+            and node.func.id == "lazy" and len(node.args) == 1 \
+            and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+        return node.args[0].value
+    return None
+
+
 def imports(path: Path) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
     """(module-level saga imports, imports inside functions), each with its line."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -74,14 +89,18 @@ def imports(path: Path) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
         return [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base
                 for a in node.names]
 
-    def visit(node: ast.AST, inside: bool) -> None:
-        for child in ast.iter_child_nodes(node):
+    def visit(children: list[ast.AST], inside: bool) -> None:
+        for child in children:
             if isinstance(child, ast.If) and _type_checking(child):
+                visit(list(child.orelse), inside)  # `else: x = lazy("saga.x")`
                 continue
             if isinstance(child, ast.Import | ast.ImportFrom):
                 (nested if inside else top).extend((n, child.lineno) for n in names(child))
-            visit(child, inside or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef))
-    visit(tree, False)
+            if (target := _lazy_target(child)) is not None:
+                (nested if inside else top).append((target, child.lineno))
+            visit(list(ast.iter_child_nodes(child)),
+                  inside or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef))
+    visit([tree], False)
     return top, nested
 
 
@@ -137,9 +156,20 @@ def test_the_layering_test_catches_an_upward_import(tmp_path: Path) -> None:
             test_no_import_points_up(bad)
     finally:
         bad.unlink()
+    lazy = PACKAGE / "scheduler" / f"_layering_probe_lazy_{os.getpid()}.py"
+    lazy.write_text("from typing import TYPE_CHECKING\nfrom saga.lazy import lazy\n"
+                    "if TYPE_CHECKING:\n    from saga import executor\n"
+                    "else:\n    executor = lazy('saga.executor')\n", encoding="utf-8")
+    try:
+        assert ("saga.executor", 6) in imports(lazy)[0]
+        with pytest.raises(AssertionError, match="a stage above it"):
+            test_no_import_points_up(lazy)
+    finally:
+        lazy.unlink()
     nested = tmp_path / "probe.py"
-    nested.write_text("def f():\n    import saga.api\n", encoding="utf-8")
-    assert imports(nested)[1] == [("saga.api", 2)]
+    nested.write_text("def f():\n    import saga.api\n    return lazy('saga.views')\n",
+                      encoding="utf-8")
+    assert imports(nested)[1] == [("saga.api", 2), ("saga.views", 3)]
 
 
 def test_no_module_is_over_600_lines() -> None:

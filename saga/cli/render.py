@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import builtins
 import json
+import os
+import re
 import sys
 import time
 from datetime import UTC, datetime
@@ -70,16 +73,16 @@ def _event_detail(e: dict[str, Any]) -> str:
     return " ".join(str(x) for x in parts)
 
 
-def _print_summary(summary: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+_COLUMNS = ("step", "status", "attempts", "ms", "detail")
 
-    console = Console(highlight=False)
+
+def _summary_parts(summary: dict[str, Any]) -> tuple[list[Any], list[tuple[str, ...]]]:
+    """What a summary shows, in order: lines of rich markup, with the table's place marked
+    by None; and the table's rows (step, status markup, attempts, ms, detail)."""
     style = _STATUS_STYLE.get(summary["status"], "")
-    console.print(f"run {summary['run_id']} ({summary['name']}): [{style}]{summary['status']}[/]")
-    table = Table(show_header=True, header_style="bold", box=None)
-    for column in ("step", "status", "attempts", "ms", "detail"):
-        table.add_column(column)
+    lines: list[Any] = [f"run {summary['run_id']} ({summary['name']}): "
+                        f"[{style}]{summary['status']}[/]", None]
+    rows: list[tuple[str, ...]] = []
     for key, s in summary.get("steps", {}).items():
         detail = (s.get("error") or {}).get("message") or s.get("reason") or ""
         if s.get("approval", {}).get("status") == "requested":
@@ -90,28 +93,121 @@ def _print_summary(summary: dict[str, Any]) -> None:
         if s.get("compensation_error"):  # its effect is still there: say so
             st, style = f"{st}, compensation failed", "red"
             detail = f"NOT UNDONE: {s['compensation_error'].get('message', '')}"
-        table.add_row(key, f"[{style}]{st}[/]" if style else st, str(s.get("attempt", "")),
-                      str(s.get("duration_ms", "") or ""), str(detail))
-    console.print(table)
+        rows.append((key, f"[{style}]{st}[/]" if style else st, str(s.get("attempt", "")),
+                     str(s.get("duration_ms", "") or ""), str(detail)))
     if summary.get("error"):
-        console.print(f"error: {summary['error'].get('message', summary['error'])}")
+        lines.append(f"error: {summary['error'].get('message', summary['error'])}")
     broken = (summary.get("error") or {}).get("compensation_failed")
     if broken:
-        console.print(f"[red]compensation failed for {', '.join(broken)}: their effects were "
-                      "NOT undone[/]")
+        lines.append(f"[red]compensation failed for {', '.join(broken)}: their effects were "
+                     "NOT undone[/]")
     degraded = (summary.get("outputs") or {}).get("_layers", {}).get("degraded") \
         if isinstance(summary.get("outputs"), dict) else False
     if degraded:
-        console.print("[yellow]degraded: an enhancement-layer step failed[/]")
+        lines.append("[yellow]degraded: an enhancement-layer step failed[/]")
     if summary.get("outputs") is not None and summary["status"] == "completed":
-        console.print("outputs: " + json.dumps(summary["outputs"], default=str,
-                                               ensure_ascii=False))
+        lines.append("outputs: " + json.dumps(summary["outputs"], default=str,
+                                              ensure_ascii=False))
     for child in summary.get("children", []):
-        console.print(f"  └ step {child['step']}: child run {child['run_id']} "
-                      f"({child['name']}): {child['status']}")
+        lines.append(f"  └ step {child['step']}: child run {child['run_id']} "
+                     f"({child['name']}): {child['status']}")
     if summary.get("waiting_for"):
         for step in summary["waiting_for"]:
-            console.print(f"waiting: saga approve {summary['run_id']} {step}")
+            lines.append(f"waiting: saga approve {summary['run_id']} {step}")
+    return lines, rows
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    lines, rows = _summary_parts(summary)
+    text = _plain_text(lines, rows)
+    if text is not None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    for line in lines:
+        if line is not None:
+            console.print(line)
+            continue
+        table = Table(show_header=True, header_style="bold", box=None)
+        for column in _COLUMNS:
+            table.add_column(column)
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+
+
+#: The markup the plain path takes out: a colour around a whole status or line, ``[red]``
+#: then ``[/]``, as the summary writes it.
+_STYLES = "|".join(sorted({*_STATUS_STYLE.values(), "red", "yellow"}))
+_STYLE_TAG = re.compile(rf"\[({_STYLES})\]|\[/\]")
+
+
+def _plain_text(lines: list[Any], rows: list[tuple[str, ...]]) -> str | None:
+    """The summary exactly as rich prints it off a terminal, without importing rich (which
+    took a sixth of a short ``saga run``); None wherever rich might print it otherwise: on
+    a terminal or with colours forced, in Jupyter, for text rich would read as markup or
+    emoji or that is not plain printable ASCII, and for lines wider than the console,
+    which rich wraps. tests/cli/test_render.py compares the two."""
+    if _maybe_terminal():
+        return None
+    width = _console_width()
+    table = [_COLUMNS, *rows]
+    cells = [[_plain(cell) for cell in row] for row in table]
+    texts = [None if line is None else _plain(line) for line in lines]
+    if any(c is None for row in cells for c in row) or any(
+            t is None for t, line in zip(texts, lines, strict=True) if line is not None):
+        return None
+    widths = [max(len(str(row[i])) for row in cells) for i in range(len(_COLUMNS))]
+    out = []
+    for text in texts:
+        if text is not None:
+            out.append(text)
+            continue
+        out += ["".join(f" {str(c).ljust(w)} " for c, w in zip(row, widths, strict=True))
+                for row in cells]
+    if any(len(line) > width for line in out):
+        return None
+    return "".join(line + "\n" for line in out)
+
+
+def _plain(markup: str) -> str | None:
+    """``markup`` as rich shows it off a terminal, when the only markup in it is our own
+    style tags and nothing else rich would change; else None."""
+    tags = [m.group(1) is not None for m in _STYLE_TAG.finditer(markup)]
+    text = _STYLE_TAG.sub("", markup)
+    if tags not in ([], [True, False]) or "[" in text or "]" in text or "\\" in text \
+            or re.search(r":\S*?:", text) or not text.isascii() or not text.isprintable():
+        return None
+    return text
+
+
+def _maybe_terminal() -> bool:
+    """Whether rich could take stdout for a terminal (or a notebook) and style or size its
+    output for it."""
+    env = os.environ
+    return (sys.platform == "win32" or hasattr(builtins, "get_ipython")
+            or "FORCE_COLOR" in env or "TTY_COMPATIBLE" in env or "TTY_INTERACTIVE" in env
+            or not hasattr(sys.stdout, "isatty") or sys.stdout.isatty())
+
+
+def _console_width() -> int:
+    """The width rich's Console gives itself off a terminal: the first of stdin, stdout
+    and stderr that is a terminal, overridden by ``COLUMNS``, else 80."""
+    width = None
+    for fd in (0, 1, 2):
+        try:
+            width = os.get_terminal_size(fd).columns
+        except (AttributeError, ValueError, OSError):
+            continue
+        break
+    columns = os.environ.get("COLUMNS")
+    if columns is not None and columns.isdigit():
+        width = int(columns)
+    return width or 80
 
 
 class _Progress:

@@ -7,11 +7,10 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from saga import diagram
 from saga.api import Saga
 from saga.cli.app import (
     FilePath,
@@ -33,7 +32,13 @@ from saga.cli.render import (
 from saga.composition import plan_of
 from saga.composition.definition import coerce_text, parse_text
 from saga.errors import DefinitionError, InputError, Problem, SagaError
+from saga.lazy import lazy
 from saga.views import run_summary
+
+if TYPE_CHECKING:
+    from saga import diagram
+else:
+    diagram = lazy("saga.diagram")  # only `saga graph` draws
 
 
 @main.command()

@@ -6,9 +6,8 @@ accept and ignore."""
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import networkx as nx
 from pydantic import BaseModel, ValidationError
 
 from saga import expressions
@@ -22,6 +21,12 @@ from saga.composition.graph_model import (
     meeting_point,
 )
 from saga.errors import Problem
+from saga.lazy import lazy
+
+if TYPE_CHECKING:
+    import networkx as nx
+else:
+    nx = lazy("networkx")
 
 
 def validate(model: type[BaseModel], raw: Any, prefix: str, problems: list[Problem]) -> Any:

@@ -75,9 +75,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
-
-import networkx as nx
+from typing import TYPE_CHECKING, Any
 
 from saga.chain import definition_hash
 from saga.composition.definition import Definition, ErrorHandling, Step
@@ -103,6 +101,12 @@ from saga.composition.graph_model import (
 )
 from saga.composition.plan import Plan
 from saga.errors import DefinitionError, Problem
+from saga.lazy import lazy
+
+if TYPE_CHECKING:
+    import networkx as nx
+else:
+    nx = lazy("networkx")
 
 __all__ = ["BranchNodeConfig", "Edge", "GateNodeConfig", "GraphConfig", "GraphPlan",
            "HumanNodeConfig", "LoopCondition", "MergeNodeConfig", "Node", "ParallelNodeConfig",

@@ -5,12 +5,17 @@ What the fields mean is told in :mod:`saga.composition.graph_form`."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from saga.composition.definition import RetryPolicy, ToolCall
+from saga.lazy import lazy
+
+if TYPE_CHECKING:
+    import networkx as nx
+else:
+    nx = lazy("networkx")
 
 _TYPES = ("task", "gate", "branch", "merge", "parallel", "subgraph", "human")
 _OPS = Literal["==", "!=", ">", "<", ">=", "<=", "in", "not_in", "contains", "starts_with",
@@ -18,7 +23,8 @@ _OPS = Literal["==", "!=", ">", "<", ">=", "<=", "in", "not_in", "contains", "st
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Built on first use: a step-list run never validates a graph (saves ~50 ms at start)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class _Condition(_Model):

@@ -1,4 +1,4 @@
-"""The compiled plan: a checked networkx graph of steps, its levels and critical path.
+"""The compiled plan: a checked graph of steps, its levels and critical path.
 
 Compilation is pure. It takes raw definition data (as loaded from YAML/JSON) and either
 returns a :class:`Plan` or raises :class:`DefinitionError` with every problem found:
@@ -14,14 +14,20 @@ import re
 import textwrap
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import networkx as nx
 from pydantic import ValidationError
 
 from saga import expressions, secrets
+from saga.composition.dag import StepGraph
 from saga.composition.definition import Definition, Step, ToolCall, build
 from saga.errors import DefinitionError, ExpressionError, Problem
+from saga.lazy import lazy
+
+if TYPE_CHECKING:
+    import networkx as nx
+else:
+    nx = lazy("networkx")
 
 #: Names every expression may use besides step outputs.
 BASE_NAMES = frozenset({"inputs", "input", "context", "steps", "secret"})
@@ -37,10 +43,12 @@ _SAFE_BUILTINS = frozenset({
 
 @dataclass(frozen=True)
 class Plan:
-    """A definition compiled into a dependency graph, ready for the scheduler."""
+    """A definition compiled into a dependency graph, ready for the scheduler. ``graph``
+    is a :class:`~saga.composition.dag.StepGraph` for the step-list form (no networkx on
+    the way to a run), a ``networkx.DiGraph`` for the graph form; both read alike."""
 
     definition: Definition
-    graph: nx.DiGraph
+    graph: StepGraph | nx.DiGraph
     order: tuple[str, ...]
 
     @functools.cached_property
@@ -76,6 +84,8 @@ class Plan:
 
     def upstream(self, step_id: str) -> set[str]:
         """Every step this one transitively depends on."""
+        if isinstance(self.graph, StepGraph):
+            return self.graph.ancestors(step_id)
         return set(nx.ancestors(self.graph, step_id))
 
     def rollback_plan(self) -> dict[str, str | None]:
@@ -95,13 +105,15 @@ class Plan:
 
     def levels(self) -> list[list[str]]:
         """Groups of steps that can run at the same time, in order."""
-        return [sorted(gen, key=self.order.index) for gen in nx.topological_generations(self.graph)]
+        generations = self.graph.generations() if isinstance(self.graph, StepGraph) \
+            else nx.topological_generations(self.graph)
+        return [sorted(gen, key=self.order.index) for gen in generations]
 
     def critical_path(self) -> list[str]:
         """The longest chain of dependent steps, weighted by each step's expected duration."""
         start = ""  # a source before every step (never a step id), so roots count too
         weighted = nx.DiGraph()
-        for node in self.graph.nodes:
+        for node in self.graph:
             weighted.add_edge(start, node, weight=_expected_ms(self.step(node)))
         for u, v in self.graph.edges:
             weighted.add_edge(u, v, weight=_expected_ms(self.step(v)))
@@ -140,7 +152,7 @@ def compile_plan(data: dict[str, Any] | Definition, *,
         problems += _step_problems(_valid_steps(raw_steps), graph, tools, _input_names(data))
     if problems or definition is None:
         raise DefinitionError(problems, source)
-    order = tuple(nx.lexicographical_topological_sort(graph, key=_index_key(raw_steps)))
+    order = tuple(graph.topological_order(key=_index_key(raw_steps)))
     definition = _own_compensations(definition, tools)
     for step in definition.steps:
         graph.nodes[step.id]["step"] = step
@@ -200,8 +212,8 @@ def _valid_steps(raw_steps: RawSteps) -> list[tuple[int, Step]]:
     return valid
 
 
-def _graph(raw_steps: RawSteps) -> tuple[nx.DiGraph, list[Problem]]:
-    graph = nx.DiGraph()
+def _graph(raw_steps: RawSteps) -> tuple[StepGraph, list[Problem]]:
+    graph = StepGraph()
     problems: list[Problem] = []
     seen: dict[str, int] = {}
     guarantees = [s["id"] for _, s in raw_steps if s.get("layer") == "guarantee"]
@@ -230,11 +242,8 @@ def _graph(raw_steps: RawSteps) -> tuple[nx.DiGraph, list[Problem]]:
     for node in list(graph.nodes):
         if node not in guarantees:
             graph.add_edges_from((g, node) for g in guarantees if g in graph)
-    try:
-        cycle = nx.find_cycle(graph)
-    except nx.NetworkXNoCycle:
-        pass
-    else:
+    if graph.has_cycle():
+        cycle = graph.find_cycle()
         path = " -> ".join([u for u, _ in cycle] + [cycle[0][0]])
         problems.append(Problem("steps", f"dependency cycle: {path}"))
     return graph, problems
@@ -262,7 +271,7 @@ def _dependencies(raw_steps: RawSteps) -> Iterable[tuple[int, str, list[str]]]:
         yield i, s["id"], list(previous)
 
 
-def _keys(steps: Iterable[Step], graph: nx.DiGraph) -> dict[str, str]:
+def _keys(steps: Iterable[Step], graph: StepGraph) -> dict[str, str]:
     """Step ids by each name a step's output is visible under (its output key, its id)."""
     return {step.key: step.id for step in steps} | {node: node for node in graph.nodes}
 
@@ -277,7 +286,7 @@ def _input_names(data: Any) -> frozenset[str]:
     return frozenset()
 
 
-def _step_problems(steps: list[tuple[int, Step]], graph: nx.DiGraph,
+def _step_problems(steps: list[tuple[int, Step]], graph: StepGraph,
                    tools: Collection[str] | Mapping[str, Any] | None,
                    inputs: frozenset[str] = frozenset()) -> list[Problem]:
     """Tool problems, references to steps that are not upstream, and output-name clashes of
@@ -295,7 +304,7 @@ def _step_problems(steps: list[tuple[int, Step]], graph: nx.DiGraph,
         upstream: set[str] | None = None  # computed when a reference needs it: O(steps)
         for path, names in _step_references(step, where, problems):
             if upstream is None and names:
-                upstream = set(nx.ancestors(graph, step.id))
+                upstream = graph.ancestors(step.id)
             own = COMPENSATION_NAMES | {step.key, step.id}
             extra = own if path.startswith("compensate") else set()
             if step.loop is not None and path != "loop":
@@ -320,7 +329,7 @@ def _step_problems(steps: list[tuple[int, Step]], graph: nx.DiGraph,
     return problems
 
 
-def _semantic_problems(definition: Definition, graph: nx.DiGraph,
+def _semantic_problems(definition: Definition, graph: StepGraph,
                        tools: Collection[str] | Mapping[str, Any] | None) -> list[Problem]:
     inputs = frozenset(spec.name for spec in definition.inputs)
     problems = _step_problems(list(enumerate(definition.steps)), graph, tools, inputs)

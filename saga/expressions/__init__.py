@@ -17,23 +17,22 @@ Python's ``eval``/``exec``:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
-
-from jinja2 import meta, nodes
-from jinja2.exceptions import TemplateSyntaxError
+from typing import TYPE_CHECKING, Any
 
 from saga.errors import ExpressionError
 from saga.expressions.interpreter import _compute_source, _free_names, _parse, _plain_result, _run
-from saga.expressions.jinja import (
-    _ENV,
-    _render_string,
-    _template_errors,
-    _template_strings,
-    _text_template,
-    _whole_template,
-    is_template,
-)
 from saga.expressions.limits import DEFAULT_MAX_STEPS, DEFAULT_SECONDS, configure, time_limit
+from saga.expressions.markers import _template_strings, _whole_template, is_template
+from saga.lazy import lazy
+
+# Jinja2 loads with the first template: plain values and conditions never need it.
+if TYPE_CHECKING:
+    from jinja2 import exceptions, meta, nodes
+
+    from saga.expressions import jinja
+else:
+    exceptions, meta, nodes = lazy("jinja2.exceptions"), lazy("jinja2.meta"), lazy("jinja2.nodes")
+    jinja = lazy("saga.expressions.jinja")
 
 __all__ = [
     "DEFAULT_MAX_STEPS",
@@ -62,13 +61,14 @@ def render(value: Any, namespace: Mapping[str, Any]) -> Any:
     name or attribute, a syntax error, or anything the sandbox refuses.
     """
     if isinstance(value, str):
-        return _render_string(value, namespace) if is_template(value) else value
+        return jinja._render_string(value, namespace) if is_template(value) else value
     if isinstance(value, dict):
         rendered: dict[Any, Any] = {}
         for key, item in value.items():
             if is_template(key):
-                with _template_errors(key):
-                    rendered[_text_template(key).render(dict(namespace))] = render(item, namespace)
+                with jinja._template_errors(key):
+                    rendered[jinja._text_template(key).render(dict(namespace))] = \
+                        render(item, namespace)
             else:
                 rendered[key] = render(item, namespace)
         return rendered
@@ -116,9 +116,9 @@ def references(value: Any) -> set[str]:
     """Root names the templates in ``value`` read (recursing into dicts, keys and lists)."""
     names: set[str] = set()
     for source in _template_strings(value):
-        with _template_errors(source):
-            names |= meta.find_undeclared_variables(_ENV.parse(source))
-    return names - set(_ENV.globals)
+        with jinja._template_errors(source):
+            names |= meta.find_undeclared_variables(jinja._ENV.parse(source))
+    return names - set(jinja._ENV.globals) if names else names
 
 
 def expression_references(expression: str) -> set[str]:
@@ -140,8 +140,8 @@ def check_template(value: Any) -> list[str]:
     problems: list[str] = []
     for source in _template_strings(value):
         try:
-            tree = _ENV.parse(source)
-        except TemplateSyntaxError as exc:
+            tree = jinja._ENV.parse(source)
+        except exceptions.TemplateSyntaxError as exc:
             problems.append(f"invalid template {source!r}: {exc.message} (line {exc.lineno})")
             continue
         problems += [f"attribute {node.attr!r} is not allowed in template {source!r}"

@@ -33,6 +33,7 @@ from saga.expressions.limits import (
     check_time,
     guarded,
 )
+from saga.expressions.markers import _whole_template
 
 
 class _Sandbox(ImmutableSandboxedEnvironment):
@@ -83,11 +84,6 @@ _ENV.filters.update(
 # Compiled templates call filters directly, past the sandbox: each one is checked itself
 # (center(10**9) is refused before it allocates a gigabyte).
 _ENV.filters.update({name: guarded(f) for name, f in _ENV.filters.items()})
-
-
-def _whole_template(text: str) -> bool:
-    text = text.strip()
-    return text.startswith("{{") and text.endswith("}}")
 
 
 @lru_cache(maxsize=1024)
@@ -168,22 +164,4 @@ def _plain_template_value(value: Any) -> Any:
     return str(value) if isinstance(value, str) else value  # Markup -> str
 
 
-def _template_strings(value: Any) -> Iterator[str]:
-    if isinstance(value, str):
-        if is_template(value):
-            yield value
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield from _template_strings(key)
-            yield from _template_strings(item)
-    elif isinstance(value, list | tuple):
-        for item in value:
-            yield from _template_strings(item)
 
-
-# -- public API -----------------------------------------------------------------------------
-
-
-def is_template(value: str) -> bool:
-    """Whether ``value`` is a string containing Jinja markers (``{{`` or ``{%``)."""
-    return isinstance(value, str) and ("{{" in value or "{%" in value)

@@ -9,11 +9,15 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
-from typing import Any
-
-from jinja2 import Undefined
+from typing import TYPE_CHECKING, Any
 
 from saga.errors import ExpressionLimit
+from saga.lazy import lazy
+
+if TYPE_CHECKING:
+    import jinja2
+else:
+    jinja2 = lazy("jinja2")  # a value that is not plain data may be Jinja's Undefined
 
 #: Seconds one template, condition or compute block may take (wall clock, checked from
 #: inside: a CPU-bound block is stopped, never killed from outside).
@@ -74,9 +78,9 @@ def _walk(value: Any, *, plain: bool = False) -> int:
         elif isinstance(item, list | tuple | set | frozenset):
             children = item
         else:
-            if plain and isinstance(item, Undefined):
-                raise _Refusal(item._undefined_message.rstrip("."))
             if plain and not isinstance(item, _PLAIN):
+                if isinstance(item, jinja2.Undefined):
+                    raise _Refusal(item._undefined_message.rstrip("."))
                 raise _Refusal(f"evaluated to a {type(item).__name__}, which is not plain data "
                                "(wrap iterators in list(...))")
             continue

@@ -25,14 +25,18 @@ import json
 import os
 import time
 from collections.abc import Callable
-from typing import Any
-
-from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+from typing import TYPE_CHECKING, Any
 
 from saga.chain import canonical, json_safe
 from saga.domain import run_uuid
 from saga.errors import ConfigError, ToolError
+from saga.lazy import lazy
 from saga.store.side_tables import Database
+
+if TYPE_CHECKING:
+    from cryptography import fernet
+else:
+    fernet = lazy("cryptography.fernet")  # only with SAGA_UNDO_KEY set
 
 UNDO_TABLE = "saga_undo"
 UNDO_DDL = (f"""CREATE TABLE IF NOT EXISTS {UNDO_TABLE} (
@@ -45,16 +49,16 @@ KEY_HINT = ("generate one with: python -c 'from cryptography.fernet import Ferne
             "print(Fernet.generate_key().decode())'")
 
 
-def cipher(key: str | None) -> MultiFernet | None:
+def cipher(key: str | None) -> fernet.MultiFernet | None:
     """The Fernet cipher for ``SAGA_UNDO_KEY`` (None without a key), or ConfigError."""
     if not key:
         return None
     try:
-        keys = [Fernet(part.strip().encode()) for part in key.split(",") if part.strip()]
+        keys = [fernet.Fernet(part.strip().encode()) for part in key.split(",") if part.strip()]
     except (ValueError, binascii.Error) as e:
         raise ConfigError(f"SAGA_UNDO_KEY must be Fernet keys, comma-separated ({e}); "
                           f"{KEY_HINT}") from e
-    return MultiFernet(keys) if keys else None
+    return fernet.MultiFernet(keys) if keys else None
 
 
 def digest(salt: bytes, plain: bytes) -> str:
@@ -126,7 +130,7 @@ class UndoStore:
                                "UndoKeyMissing")
             try:
                 plain = self._cipher.decrypt(plain)
-            except InvalidToken:
+            except fernet.InvalidToken:
                 raise _refused("the undo state cannot be decrypted with SAGA_UNDO_KEY (another "
                                "key, or the row was changed)", "UndoStateUnreadable") from None
         try:

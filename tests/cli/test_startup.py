@@ -4,9 +4,12 @@ imported modules, not in seconds."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import click
 
@@ -69,3 +72,74 @@ def test_every_help_has_an_example() -> None:
         if not re.search(r"Example:\n +(saga|SAGA_\w+=\S+ saga) ", result.output):
             lacking.append(" ".join(path))
     assert lacking == []
+
+
+#: What a run of a step-list composition never touches, so ``saga run`` does not import it
+#: (networkx and the graph form's models are for graph-form files and drawings; audit,
+#: replay, schedules and workers for their own commands; Jinja2 for templates; cryptography
+#: for SAGA_UNDO_KEY; rich for a terminal or text that is not plain).
+NOT_FOR_A_STEP_LIST_RUN = ("networkx", "saga.audit", "saga.replay", "saga.schedules",
+                           "saga.worker", "saga.diagram", "croniter", "jinja2",
+                           "cryptography", "rich")
+STEP_LIST = """name: three
+steps:
+  - {id: s0, tool: noop}
+  - {id: s1, tool: noop, depends_on: [s0]}
+  - {id: s2, tool: noop, depends_on: [s1]}
+"""
+GRAPH_FORM = """id: g
+name: g
+entry_point: a
+nodes:
+  - {id: a, type: task, task_config: {role: noop, task_template: x}}
+  - {id: b, type: task, task_config: {role: noop, task_template: y}}
+edges:
+  - {id: e1, source: a, target: b}
+"""
+
+
+def run_in_a_process(tmp_path: Path, text: str) -> tuple[dict[str, Any], list[str], bool]:
+    """``saga run FILE`` (its summary printed off a terminal), then ``saga run FILE --json``
+    in a fresh interpreter: the run the second printed, the modules loaded by the end, and
+    whether the graph form's pydantic models had been built."""
+    flow = tmp_path / "flow.yaml"
+    flow.write_text(text, encoding="utf-8")
+    code = ("import contextlib, io, sys, json\nfrom saga.cli import main\n"
+            "text = io.StringIO()\n"
+            f"for args, out in ((['run', {str(flow)!r}], text), "
+            f"(['run', {str(flow)!r}, '--json'], sys.stdout)):\n"
+            "    try:\n        with contextlib.redirect_stdout(out):\n"
+            "            main(args, standalone_mode=False)\n"
+            "    except SystemExit as e:\n        assert not e.code, e.code\n"
+            "assert '): completed' in text.getvalue(), text.getvalue()\n"
+            "from saga.composition import graph_model\n"
+            "print(json.dumps([sorted(sys.modules), "
+            "graph_model.WorkflowGraph.__pydantic_complete__]))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAGA_")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=tmp_path, env={**env, "SAGA_HOME": str(tmp_path)})
+    *run_lines, last = out.stdout.splitlines()
+    modules, built = json.loads(last)
+    return json.loads("\n".join(run_lines)), modules, built
+
+
+def loaded(modules: list[str], names: tuple[str, ...]) -> list[str]:
+    return [m for m in modules if any(m == n or m.startswith(n + ".") for n in names)]
+
+
+def test_a_step_list_run_loads_no_graph_library(tmp_path: Path) -> None:
+    """``saga run`` of a step-list file starts without networkx, the graph-form models or
+    the modules of other commands (issue 15: they were most of its start-up time)."""
+    run, modules, built = run_in_a_process(tmp_path, STEP_LIST)
+    assert run["status"] == "completed" and list(run["steps"]) == ["s0", "s1", "s2"]
+    assert loaded(modules, NOT_FOR_A_STEP_LIST_RUN) == []
+    assert not built
+
+
+def test_a_graph_form_run_loads_them_when_it_needs_them(tmp_path: Path) -> None:
+    """The other side of the test above, so that it can fail: the graph form does load
+    networkx and build its models, on first use."""
+    run, modules, built = run_in_a_process(tmp_path, GRAPH_FORM)
+    assert run["status"] == "completed" and list(run["steps"]) == ["a", "b"]
+    assert "networkx" in loaded(modules, NOT_FOR_A_STEP_LIST_RUN)
+    assert built
