@@ -115,7 +115,7 @@ def _finished(view: _View, step_id: str) -> bool:
         state["status"] == "failed" and not retry_pending(state))
 
 
-def frontier(plan: Plan, run: Run) -> dict[str, None]:
+def frontier(plan: Plan, run: Run) -> list[str]:
     """The steps nothing is recorded for yet whose dependencies all have a record: the
     only untouched steps that can be ready (any other waits for an untouched, so pending,
     step).
@@ -137,7 +137,7 @@ def frontier(plan: Plan, run: Run) -> dict[str, None]:
                     all(d in recorded for d in plan.dependencies(dependent)):
                 found[dependent] = None
     room["frontier"] = (plan, len(log), found)
-    return found
+    return list(found)
 
 
 def _open_steps(view: _View) -> list[str]:
