@@ -80,7 +80,22 @@ class Plan:
 
     @functools.cached_property
     def _dependencies(self) -> dict[str, list[str]]:
-        return {s: sorted(self.graph.predecessors(s), key=self.order.index) for s in self.order}
+        return {s: sorted(self.graph.predecessors(s), key=self.position.__getitem__)
+                for s in self.order}
+
+    def dependents(self, step_id: str) -> list[str]:
+        """The steps that wait for this one, in plan order."""
+        return self._dependents[step_id]
+
+    @functools.cached_property
+    def _dependents(self) -> dict[str, list[str]]:
+        return {s: sorted(self.graph.successors(s), key=self.position.__getitem__)
+                for s in self.order}
+
+    @functools.cached_property
+    def roots(self) -> tuple[str, ...]:
+        """The steps that wait for none, in plan order."""
+        return tuple(s for s in self.order if not self._dependencies[s])
 
     def upstream(self, step_id: str) -> set[str]:
         """Every step this one transitively depends on."""

@@ -20,6 +20,7 @@ from eventsourcing.domain import Snapshot as LibrarySnapshot
 
 from saga.chain import CHAIN_FIELDS, GENESIS, event_hash, genesis, link_fields, seal
 from saga.domain.commands import RunCommands
+from saga.domain.steps import DERIVED, StepStates
 from saga.domain.vocabulary import (
     TERMINAL,
     RunStatus,
@@ -37,7 +38,7 @@ from saga.errors import DoctoredSnapshotError
 _ENVELOPE = ("originator_id", "originator_version", "timestamp", "originator_topic")
 
 
-class Run(RunCommands, Aggregate):
+class Run(RunCommands, StepStates, Aggregate):
     """One run of a composition: the event-sourced unit of consistency (one writer).
 
     Every event carries the hash of its predecessor (``prev_hash``), the hash of its own
@@ -70,9 +71,16 @@ class Run(RunCommands, Aggregate):
                               iso(self.timestamp), self.actor, self.payload_hash,
                               self.prev_hash)
 
+        def changed(self) -> list[str]:
+            """The keys of the step executions whose state this event may change."""
+            iteration = getattr(self, "iteration", None)
+            step_id = getattr(self, "step_id", None)
+            return [] if iteration is None or step_id is None else [step_key(step_id, iteration)]
+
         def mutate(self, aggregate: Any) -> Any:
             before: RunStatus = aggregate.status if aggregate is not None else "running"
             aggregate = super().mutate(aggregate)
+            aggregate._reindex(self.changed())
             aggregate.status = status_after(type(self).__name__, before,
                                             still_waiting=aggregate.is_waiting)
             aggregate.head_hash = self.link()
@@ -87,6 +95,8 @@ class Run(RunCommands, Aggregate):
         @classmethod
         def take(cls, aggregate: Any) -> Any:
             snapshot = super().take(aggregate)
+            for name in DERIVED:  # rebuilt from steps when the snapshot loads
+                snapshot.state.pop(name, None)
             snapshot.state["seal"] = seal(snapshot.state, Run.audit_key)
             return snapshot
 
@@ -187,18 +197,6 @@ class Run(RunCommands, Aggregate):
     def is_finished(self) -> bool:
         """True once the run reached a terminal status."""
         return self.status in TERMINAL
-
-    def step(self, key: str) -> StepState:
-        """The state of one step execution (status ``pending`` if nothing happened yet)."""
-        return self.steps.get(key) or {"status": "pending", "attempt": 0}
-
-    def _step(self, step_id: str, iteration: int) -> StepState:
-        key = step_key(step_id, iteration)
-        if key not in self.steps:
-            self.steps[key] = {"step_id": step_id, "iteration": iteration, "status": "pending",
-                               "attempt": 0, "output": None, "error": None, "retry_at": None,
-                               "started_at": None, "finished_at": None, "duration_ms": None}
-        return self.steps[key]
 
     # -- step events -------------------------------------------------------------------
 
@@ -477,6 +475,9 @@ class Run(RunCommands, Aggregate):
         reopened: list[str] = dataclasses.field(default_factory=list)
         reason: str | None = None
 
+        def changed(self) -> list[str]:
+            return [*self.reopened, *self.steps]
+
         def apply(self, aggregate: Any) -> None:
             for key in self.reopened:  # a loop step whose failed iterations get retried
                 aggregate.steps[key].update(status="running", error=None, retry_at=None,
@@ -548,12 +549,6 @@ class Run(RunCommands, Aggregate):
         def apply(self, aggregate: Any) -> None:
             aggregate._finish(self)
             aggregate.error = {"type": "cancelled", "message": self.reason or "cancelled"}
-
-    @property
-    def waits(self) -> dict[str, dict[str, Any]]:
-        """Steps waiting for a time or a signal, by key."""
-        return {k: wait for k, s in self.steps.items()
-                if s["status"] == "running" and (wait := s.get("wait"))}
 
     @property
     def is_waiting(self) -> bool:

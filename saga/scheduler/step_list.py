@@ -64,7 +64,7 @@ def decide(plan: Plan, run: Run) -> list[Action]:
     if blocking is not None and strategy != "partial_success":
         if _busy(view):  # nothing new starts; attempts in flight (and due retries) finish
             return [_retry(plan.step(s["step_id"]), s["iteration"], s)
-                    for s in run.steps.values() if retry_pending(s)]
+                    for s in run.unsettled.values() if retry_pending(s)]
         return _after_failure(view, blocking)
     actions = _step_actions(view)
     if actions or _busy(view) or run.pending_approvals:
@@ -82,19 +82,16 @@ def _state(view: _View, step_id: str) -> StepState:
     return view.run.steps.get(step_id) or _PENDING
 
 
-_DONE = frozenset({"completed", "skipped", "compensated"})
-
-
 def _busy(view: _View) -> bool:
     """An attempt is running, or a failed attempt waits for its retry (a loop step itself
     is not work in flight: its iterations are)."""
     return any((s["status"] == "running" or retry_pending(s))
-               and not is_loop_parent(view.plan, s) for s in view.run.steps.values())
+               and not is_loop_parent(view.plan, s) for s in view.run.unsettled.values())
 
 
 def _occupied(view: _View) -> int:
     """Slots taken: attempts running or waiting for their retry (loop parents take none)."""
-    return sum(1 for s in view.run.steps.values()
+    return sum(1 for s in view.run.unsettled.values()
                if (s["status"] == "running" or retry_pending(s))
                and not is_loop_parent(view.plan, s))
 
@@ -106,7 +103,7 @@ def _failed_for_good(view: _View, step: Step) -> bool:
 
 def _blocking_failure(view: _View) -> str | None:
     """The first step (in plan order) that failed for good and stops the run."""
-    failed = [s["step_id"] for s in view.run.steps.values()
+    failed = [s["step_id"] for s in view.run.unsettled.values()
               if s["status"] == "failed" and s["iteration"] == 0]
     stopping = [f for f in failed if _failed_for_good(view, view.plan.step(f))]
     return min(stopping, key=view.plan.position.__getitem__) if stopping else None
@@ -118,17 +115,47 @@ def _finished(view: _View, step_id: str) -> bool:
         state["status"] == "failed" and not retry_pending(state))
 
 
+def frontier(plan: Plan, run: Run) -> list[str]:
+    """The steps nothing is recorded for yet whose dependencies all have a record: the
+    only untouched steps that can be ready (any other waits for an untouched, so pending,
+    step).
+
+    A fold over the run's :attr:`~saga.domain.Run.touched` log, which only grows: what
+    was folded is kept with the run object (:meth:`~saga.domain.Run.derived`) and each
+    call folds only the steps recorded since, so a decision costs what changed, not the
+    length of the run. The result depends on the plan and the log alone."""
+    log, room = run.touched, run.derived()
+    known = room.get("frontier")
+    if known is None or known[0] is not plan or known[1] > len(log):
+        known = (plan, 0, dict.fromkeys(plan.roots))
+    folded, found = known[1], known[2]
+    recorded = run.steps
+    for step_id in log[folded:]:
+        found.pop(step_id, None)
+        for dependent in plan.dependents(step_id):
+            if dependent not in recorded and \
+                    all(d in recorded for d in plan.dependencies(dependent)):
+                found[dependent] = None
+    room["frontier"] = (plan, len(log), found)
+    return list(found)
+
+
+def _open_steps(view: _View) -> list[str]:
+    """The steps a decision looks at, in plan order: those recorded and not settled, and
+    the :func:`frontier`. Every other step is settled, or waits for a pending step."""
+    run, plan = view.run, view.plan
+    ids = {s["step_id"] for s in run.unsettled.values() if s["iteration"] == 0}
+    ids.update(frontier(plan, run))
+    return sorted(ids, key=plan.position.__getitem__)
+
+
 def _step_actions(view: _View) -> list[Action]:
     actions: list[Action] = []
     slots = [view.plan.definition.max_concurrency - _occupied(view)]
     handed: dict[str, int] = {}  # signals given to waiting steps in this call, by name
-    # Pending steps that cannot start yet: their dependents cannot either, which one set
-    # lookup says (without it, each decision re-checked every later step of a long chain).
-    blocked: set[str] = set()
-    for step_id, step in view.plan.steps.items():
+    for step_id in _open_steps(view):
+        step = view.plan.step(step_id)
         state = _state(view, step_id)
-        if state["status"] in _DONE:
-            continue  # most steps of a long run: decided long ago
         wait = state.get("wait") if state["status"] == "running" else None
         if wait and wait.get("signal"):
             action = _signal_delivery(view, step, state, wait["signal"], handed)
@@ -146,8 +173,7 @@ def _step_actions(view: _View) -> list[Action]:
         if state["status"] != "pending":
             continue
         deps = view.plan.dependencies(step_id)
-        if any(d in blocked for d in deps) or not all(_finished(view, d) for d in deps):
-            blocked.add(step_id)
+        if not all(_finished(view, d) for d in deps):
             continue
         failed = [d for d in deps if _failed_for_good(view, view.plan.step(d))]
         if failed:

@@ -53,6 +53,28 @@ def store_errors(where: str) -> Iterator[None]:
             lost=connection_lost(e)) from e
 
 
+#: How many snapshots a run gets each time its length doubles, once it is long (see
+#: :func:`snapshot_due`).
+SNAPSHOTS_PER_DOUBLING = 16
+
+
+def snapshot_due(version: int, interval: int) -> bool:
+    """Whether a run's snapshot is taken at this version.
+
+    Every ``interval`` events for the first ``32 * interval``; from then on the gap
+    doubles each time the version does (``interval`` times a power of two, between a
+    32nd and a 16th of the version). Each snapshot copies the whole run, so at a fixed
+    interval a long run's snapshots cost the square of its length (a 10,000-step run
+    would spend minutes on them); growing gaps keep their total proportional to the run,
+    and loading folds at most a 16th of the run's events after its last snapshot."""
+    if interval <= 0 or version <= 0:
+        return False
+    gap = interval
+    while version >= 2 * gap * SNAPSHOTS_PER_DOUBLING:
+        gap *= 2
+    return version % gap == 0
+
+
 class SagaApplication(Application[UUID]):
     """Runs, stored as event-sourced ``Run`` aggregates."""
 
@@ -88,6 +110,15 @@ class SagaApplication(Application[UUID]):
             settings.home.mkdir(parents=True, exist_ok=True)
             with store_errors(settings.store_description):
                 super().__init__(env=env)
+
+    def _take_snapshots(self, processing_event: Any) -> None:
+        """The library's snapshotting, at the versions :func:`snapshot_due` names."""
+        for event in processing_event.events:
+            aggregate = processing_event.aggregates.get(event.originator_id)
+            interval = self.snapshotting_intervals.get(type(aggregate)) \
+                if aggregate is not None and self.snapshotting_intervals else None
+            if interval is not None and snapshot_due(event.originator_version, interval):
+                self.take_snapshot(event.originator_id, version=event.originator_version)
 
     def start(self, plan: Any, inputs: dict[str, Any], context: dict[str, Any],
               options: dict[str, Any] | None = None, run_id: str | None = None) -> Run:
