@@ -105,10 +105,9 @@ class Settings:
     expression_max_items: int | None = None
     #: Limits per queue (saga.toml ``[queues.NAME]``); a queue not named has none.
     queues: dict[str, QueueLimit] = field(default_factory=dict)
-    #: PostgreSQL recorder: "library" (eventsourcing's own, which serialises writers on a
-    #: table lock; the default) or "xid" (no table lock, opt-in: see
-    #: saga.store.pg_recorder; not yet proven through a database restart).
-    pg_recorder: str = "library"
+    #: PostgreSQL recorder: "xid" (no table lock; see saga.store.pg_recorder; the
+    #: default) or "library" (eventsourcing's own, which serialises writers on a table lock).
+    pg_recorder: str = "xid"
     file: dict[str, Any] = field(default_factory=dict)
 
     def expression_limits(self) -> dict[str, Any]:
@@ -240,7 +239,7 @@ def load_settings(env: Mapping[str, str] | None = None, cwd: Path | None = None,
             secrets_allow=tuple(str(n) for n in (data.get("secrets") or {}).get("allow", [])
                                 if isinstance(data.get("secrets"), dict)),
             queues=parse_queues(data.get("queues")),
-            pg_recorder=env.get("SAGA_PG_RECORDER") or database.get("recorder", "library"),
+            pg_recorder=env.get("SAGA_PG_RECORDER") or database.get("recorder", "xid"),
             file=data,
         )
     except ValueError as e:

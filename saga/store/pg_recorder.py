@@ -28,6 +28,13 @@ statement), so T held that lock: either it still held it when the horizon query 
 ``pg_locks`` (then ``H`` would be at most T's id) or it had released it, i.e. finished,
 before the second statement began, whose snapshot then sees the row.
 
+Across a restart or a crash of the server the order holds: a transaction in flight when
+the server went down is aborted by recovery, so it holds no lock and is in no snapshot
+afterwards (readers do not wait for it, and its rows never appear); and recovery resumes
+transaction ids above every one whose commit it replayed (with ``synchronous_commit``
+on, every acknowledged commit), so ids given after the restart are above every id a
+reader could have read before it, and a reader's position stays valid.
+
 The price: a transaction that keeps a lock on the events table open delays readers (not
 writers) until it ends; readers of a quiet table see every committed row. Every writer of
 one events table must use this recorder (a library recorder's serial ids are far below
@@ -98,10 +105,12 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
 
     # -- writing ---------------------------------------------------------------------
 
-    @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
     def insert_events(self, stored_events: Sequence[StoredEvent],
                       **kwargs: Any) -> Sequence[int] | None:
-        """Insert the events in one autocommit statement (one round trip, atomic)."""
+        """Insert the events in one autocommit statement (one round trip, atomic).
+
+        Never tried again here (the library's recorder is): after a lost connection the
+        statement may have committed, and only the caller can tell, by reading back."""
         if not stored_events:
             return []
         if len(stored_events) > MAX_EVENTS_PER_INSERT:

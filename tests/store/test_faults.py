@@ -25,6 +25,7 @@ from eventsourcing.persistence import OperationalError
 from saga.api import Saga
 from saga.config import Settings
 from saga.errors import ConcurrentWriteError
+from saga.store.pg_recorder import ORDINAL_BITS, XidOrderedRecorder
 from saga.store.reconnect import connection_lost
 from saga.tools import Registry
 from tests.executor.test_recovery import check_history
@@ -230,6 +231,48 @@ def test_a_worker_resumes_by_itself_after_ten_seconds_down(cluster: Cluster, own
         # It said so (drives that gave up, or its own loop), in lines, not tracebacks.
         assert "cannot reach the event store" in err
         check_drained(saga, ids, calls)
+
+
+def test_the_log_order_holds_across_a_crash_of_the_server(cluster: Cluster, own: Settings,
+                                                           registry: Registry) -> None:
+    """The lock-free recorder through a crash: a transaction in flight on the events
+    table when the server went down holds readers back until then, never after (recovery
+    aborted it), its row never appears, and what is appended after the restart comes
+    after every position a reader held before it."""
+    import psycopg
+
+    with Saga(own, registry=registry) as saga:
+        recorder = saga.app.recorder
+        assert isinstance(recorder, XidOrderedRecorder), "the default recorder"
+        plan = saga.load(MULTI)
+        first = saga.submit(plan).run_id
+        before = saga.app.head()
+        assert before > 0
+        doomed = psycopg.connect(cluster.url, autocommit=False)
+        doomed.execute(
+            f'INSERT INTO "{own.schema}".{recorder.events_table_name} (originator_id, '
+            f"originator_version, topic, state, notification_id) VALUES (%s, 1, 'doomed', "
+            f"'x', (pg_current_xact_id()::text::bigint << {ORDINAL_BITS}) + 1)",
+            (uuid.uuid4(),))
+        second = saga.submit(plan).run_id
+        assert saga.app.notifications(before + 1, 100) == [], "the open insert holds back"
+        cluster.restart(mode="immediate")
+        try:
+            doomed.close()
+            seen = saga.app.notifications(before + 1, 100)  # reconnects
+            assert {str(n.originator_id) for n in seen} == {str(saga.get(second).id)}
+            assert all(n.topic != "doomed" for n in seen)
+            position = seen[-1].id
+            third = saga.submit(plan).run_id
+            after = saga.app.notifications(position + 1, 100)
+            assert after and {str(n.originator_id) for n in after} == {str(saga.get(third).id)}
+            assert all(n.id > position for n in after)
+            ids = [n.id for n in saga.app.notifications(1, 1000)]
+            assert ids == sorted(set(ids))
+            assert {str(n.originator_id) for n in saga.app.notifications(1, 1000)} == {
+                str(saga.get(r).id) for r in (first, second, third)}
+        finally:
+            cluster.wait_ready()
 
 
 # -- an append whose outcome a lost connection hid (the shared server, no restarts) --------

@@ -8,16 +8,20 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
 import psycopg
 import pytest
 from eventsourcing.persistence import IntegrityError, StoredEvent
-from eventsourcing.postgres import PostgresDatastore
+from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 
+from saga.config import load_settings
+from saga.errors import ConfigError
+from saga.store.application import SagaApplication
 from saga.store.pg_recorder import ORDINAL_BITS, XidOrderedRecorder
-from tests.conftest import PG_URL
+from tests.conftest import PG_URL, postgres_store
 
 try:
     import eventsourcing.cipher  # noqa: F401
@@ -157,6 +161,32 @@ def test_reader_waits_for_an_open_lower_transaction(schema: str) -> None:
         recorder.datastore.close()
 
 
+def test_reader_stops_waiting_for_a_transaction_whose_backend_died(schema: str) -> None:
+    """A lower transaction that never commits (its backend terminated, as a crash would
+    leave it): readers wait for it while it is open, then pass it, and its row never
+    appears."""
+    recorder = _recorder(schema)
+    conn = psycopg.connect(PG_URL, autocommit=False)
+    try:
+        conn.execute(
+            f'INSERT INTO "{schema}".saga_events (originator_id, originator_version, topic, '
+            f'state, notification_id) VALUES (%s, 1, %s, %s, '
+            f'(pg_current_xact_id()::text::bigint << {ORDINAL_BITS}) + 1)',
+            (uuid4(), "doomed", b"x"))
+        pid = conn.info.backend_pid
+        later = recorder.insert_events([StoredEvent(uuid4(), 1, "after", b"y")])
+        assert later is not None
+        assert recorder.select_notifications(start=None, limit=10) == []
+        with psycopg.connect(PG_URL, autocommit=True) as killer:
+            killer.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))
+        seen = recorder.select_notifications(start=None, limit=10)
+        assert [(n.id, n.topic) for n in seen] == [(later[0], "after")]
+        assert recorder.max_notification_id() == later[0]
+    finally:
+        conn.close()
+        recorder.datastore.close()
+
+
 def _writer(schema: str, writes: int, per_write: int, out: Any) -> None:
     recorder = _recorder(schema, pool=1)
     written = []
@@ -213,3 +243,23 @@ def test_concurrent_writers_and_a_following_reader(schema: str, procs: int) -> N
     reader.datastore.close()
     assert len(written) == procs * writes * per_write
     assert seen == sorted(written), "a notification was missed, repeated or reordered"
+
+
+@pytest.mark.parametrize(("chosen", "expected"), [(None, XidOrderedRecorder),
+                                                  ("library", PostgresApplicationRecorder)])
+def test_the_xid_recorder_is_the_default_and_library_the_way_back(
+        tmp_path: Path, chosen: str | None, expected: type) -> None:
+    env = {"SAGA_DATABASE_URL": PG_URL, **({"SAGA_PG_RECORDER": chosen} if chosen else {})}
+    with postgres_store() as pg:
+        settings = load_settings(env=env, cwd=tmp_path, schema=pg.schema)
+        app = SagaApplication(settings)
+        try:
+            assert type(app.recorder) is expected
+        finally:
+            app.close()
+    (tmp_path / "saga.toml").write_text('[database]\nrecorder = "library"\n')
+    assert load_settings(env={"SAGA_DATABASE_URL": PG_URL}, cwd=tmp_path).pg_recorder == \
+        "library"
+    with pytest.raises(ConfigError):
+        load_settings(env={"SAGA_DATABASE_URL": PG_URL, "SAGA_PG_RECORDER": "serial"},
+                      cwd=tmp_path)
