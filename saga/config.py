@@ -108,6 +108,10 @@ class Settings:
     #: PostgreSQL recorder: "xid" (no table lock; see saga.store.pg_recorder; the
     #: default) or "library" (eventsourcing's own, which serialises writers on a table lock).
     pg_recorder: str = "xid"
+    #: PostgreSQL event commits: "wait" (each append returns once its commit is flushed
+    #: to the WAL) or "no-wait" (it does not: a crash of the database server may lose
+    #: the last acknowledged appends; xid recorder only).
+    pg_commit: str = "wait"
     file: dict[str, Any] = field(default_factory=dict)
 
     def expression_limits(self) -> dict[str, Any]:
@@ -145,7 +149,9 @@ class Settings:
                        # pool's dead ones and tries again.
                        POSTGRES_PRE_PING="n")
             if self.pg_recorder == "xid":
-                env["APPLICATION_RECORDER_TOPIC"] = "saga.store.pg_recorder:XidOrderedRecorder"
+                recorder = ("NoWaitXidOrderedRecorder" if self.pg_commit == "no-wait"
+                            else "XidOrderedRecorder")
+                env["APPLICATION_RECORDER_TOPIC"] = f"saga.store.pg_recorder:{recorder}"
             return env
         return {"PERSISTENCE_MODULE": "eventsourcing.sqlite",
                 "SQLITE_DBNAME": str(self.home / "saga.db"),
@@ -240,6 +246,7 @@ def load_settings(env: Mapping[str, str] | None = None, cwd: Path | None = None,
                                 if isinstance(data.get("secrets"), dict)),
             queues=parse_queues(data.get("queues")),
             pg_recorder=env.get("SAGA_PG_RECORDER") or database.get("recorder", "xid"),
+            pg_commit=env.get("SAGA_PG_COMMIT") or database.get("commit", "wait"),
             file=data,
         )
     except ValueError as e:
@@ -249,6 +256,11 @@ def load_settings(env: Mapping[str, str] | None = None, cwd: Path | None = None,
                                                          if v is not None}})
     if settings.pg_recorder not in ("xid", "library"):
         raise ConfigError(f"SAGA_PG_RECORDER must be xid or library, not {settings.pg_recorder!r}")
+    if settings.pg_commit not in ("wait", "no-wait"):
+        raise ConfigError(f"SAGA_PG_COMMIT must be wait or no-wait, not {settings.pg_commit!r}")
+    if settings.pg_commit == "no-wait" and settings.pg_recorder != "xid":
+        raise ConfigError("SAGA_PG_COMMIT=no-wait needs the xid recorder "
+                          "(SAGA_PG_RECORDER=xid, the default)")
     if settings.database_url and not settings.is_postgres:
         raise ConfigError("SAGA_DATABASE_URL must start with postgresql:// "
                           "(leave it unset for the embedded SQLite store)")

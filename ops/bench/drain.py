@@ -5,13 +5,15 @@ Usage::
 
     python ops/bench/drain.py [--runs 300] [--steps 5] [--workers 1,4] [--concurrency 64]
                               [--repeats 3] [--pg-url URL] [--recorder xid|library]
+                              [--commit wait[,no-wait]]
 
 Each repeat and worker count gets a fresh schema ``drain_<random>`` (dropped after): the
 runs are submitted first (not timed), then the worker processes are spawned, connect, wait
 at a barrier, and drain with ``Worker.run(until_idle=True)``; the wall time is from the
 barrier to the last process ending. Reported: runs/s and events/s (median [min..max])
 and the ratio to the first worker count, per repeat, interleaved. Every run is checked
-``completed`` at the end and every run's events counted once.
+``completed`` at the end and every run's events counted once. ``--commit wait,no-wait``
+interleaves the two commit modes (``SAGA_PG_COMMIT``) too, ratios against the first.
 """
 
 from __future__ import annotations
@@ -36,17 +38,18 @@ def chain(n: int) -> dict[str, Any]:
         for i in range(n)]}
 
 
-def _settings(url: str, schema: str, recorder: str) -> Any:
+def _settings(url: str, schema: str, recorder: str, commit: str = "wait") -> Any:
     from saga.config import Settings
     return Settings(database_url=url, schema=schema, actor="drain", pool_size=2,
-                    max_overflow=4, pg_recorder=recorder)
+                    max_overflow=4, pg_recorder=recorder, pg_commit=commit)
 
 
-def _worker(url: str, schema: str, recorder: str, concurrency: int, barrier: Any,
-            out: Any) -> None:
+def _worker(url: str, schema: str, recorder: str, commit: str, concurrency: int,
+            barrier: Any, out: Any) -> None:
     from saga.api import Saga
     from saga.tools import load_registry
-    with Saga(_settings(url, schema, recorder), registry=load_registry([])) as saga:
+    with Saga(_settings(url, schema, recorder, commit),
+              registry=load_registry([])) as saga:
         worker = saga.worker_loop(concurrency=concurrency, poll_interval=0.05)
         worker.index.refresh()
         barrier.wait()
@@ -55,7 +58,7 @@ def _worker(url: str, schema: str, recorder: str, concurrency: int, barrier: Any
 
 
 def drain_once(url: str, runs: int, steps: int, workers: int, concurrency: int,
-               recorder: str) -> dict[str, float]:
+               recorder: str, commit: str = "wait") -> dict[str, float]:
     """One drain of ``runs`` runs by ``workers`` processes; seconds and counts."""
     import psycopg
 
@@ -69,8 +72,9 @@ def drain_once(url: str, runs: int, steps: int, workers: int, concurrency: int,
             saga.leases  # noqa: B018 - the side tables exist before the workers start
         ctx = mp.get_context("spawn")
         barrier, out = ctx.Barrier(workers + 1), ctx.Queue()
-        procs = [ctx.Process(target=_worker, args=(url, schema, recorder, concurrency,
-                                                   barrier, out)) for _ in range(workers)]
+        procs = [ctx.Process(target=_worker, args=(url, schema, recorder, commit,
+                                                   concurrency, barrier, out))
+                 for _ in range(workers)]
         for p in procs:
             p.start()
         barrier.wait(timeout=120)
@@ -100,29 +104,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--pg-url", default=DEFAULT_PG_URL)
     parser.add_argument("--recorder", default="xid", choices=["xid", "library"])
+    parser.add_argument("--commit", default="wait",
+                        help="comma-separated commit modes: wait, no-wait")
     args = parser.parse_args(argv)
     counts = [int(w) for w in args.workers.split(",")]
-    samples: dict[int, list[dict[str, float]]] = {w: [] for w in counts}
+    modes = args.commit.split(",")
+    configs = [(m, w) for m in modes for w in counts]
+    samples: dict[tuple[str, int], list[dict[str, float]]] = {c: [] for c in configs}
     for r in range(args.repeats):
-        for w in (counts if r % 2 == 0 else counts[::-1]):  # interleaved
+        for m, w in (configs if r % 2 == 0 else configs[::-1]):  # interleaved
             s = drain_once(args.pg_url, args.runs, args.steps, w, args.concurrency,
-                           args.recorder)
-            samples[w].append(s)
-            print(f"[drain] repeat {r + 1}: {w} worker(s): {s['seconds']:.2f} s, "
+                           args.recorder, m)
+            samples[m, w].append(s)
+            print(f"[drain] repeat {r + 1}: {m}, {w} worker(s): {s['seconds']:.2f} s, "
                   f"{s['runs_per_s']:.0f} runs/s, {s['events_per_s']:.0f} events/s, "
                   f"{s['commits']} commits", file=sys.stderr, flush=True)
-    base = counts[0]
+    base = configs[0]
     print(f"\n{args.runs} runs of a {args.steps}-step noop chain, concurrency "
           f"{args.concurrency} per worker, recorder {args.recorder}, "
           f"{args.repeats} interleaved repeats (median [min..max])\n")
-    print(f"| worker processes | runs/s | events/s | commits | × {base} worker(s) |")
-    print("|---:|---:|---:|---:|---:|")
-    for w in counts:
-        rps = [s["runs_per_s"] for s in samples[w]]
+    print(f"| commit | worker processes | runs/s | events/s | commits "
+          f"| × {base[0]}, {base[1]} worker(s) |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for c in configs:
+        rps = [s["runs_per_s"] for s in samples[c]]
         ratios = [a["runs_per_s"] / b["runs_per_s"]
-                  for a, b in zip(samples[w], samples[base], strict=True)]
-        print(f"| {w} | {_spread(rps)} | {_spread([s['events_per_s'] for s in samples[w]])} "
-              f"| {statistics.median(s['commits'] for s in samples[w]):.0f} "
+                  for a, b in zip(samples[c], samples[base], strict=True)]
+        print(f"| {c[0]} | {c[1]} | {_spread(rps)} "
+              f"| {_spread([s['events_per_s'] for s in samples[c]])} "
+              f"| {statistics.median(s['commits'] for s in samples[c]):.0f} "
               f"| {_spread(ratios, 2)} |")
     return 0
 

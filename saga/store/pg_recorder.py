@@ -69,6 +69,9 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
     """An application recorder with transaction-id-ordered notification ids (see the
     module's documentation): inserts need no table lock, one round trip each."""
 
+    #: Whether an insert returns only once its commit is flushed to the WAL.
+    wait_for_flush = True
+
     def __init__(self, datastore: PostgresDatastore, *,
                  events_table_name: str = "stored_events") -> None:
         super().__init__(datastore, events_table_name=events_table_name)
@@ -76,15 +79,32 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
                                       Identifier(self.events_table_name))
         self._table = table
         id_type = SQL("uuid" if self.datastore.originator_id_type == "uuid" else "text")
-        self._insert = SQL(
-            "INSERT INTO {table} (originator_id, originator_version, topic, state, "
-            "notification_id) "
-            "SELECT e.i, e.v, e.t, e.s, "
-            "(pg_current_xact_id()::text::bigint << {bits}) + e.o "
-            "FROM unnest(%s::{id_type}[], %s::bigint[], %s::text[], %s::bytea[]) "
-            "WITH ORDINALITY AS e(i, v, t, s, o) ORDER BY e.o "
-            "RETURNING notification_id").format(table=table, id_type=id_type,
-                                                bits=SQL(str(ORDINAL_BITS)))
+        events = SQL("unnest(%s::{id_type}[], %s::bigint[], %s::text[], %s::bytea[]) "
+                     "WITH ORDINALITY AS e(i, v, t, s, o)").format(id_type=id_type)
+        new_id = SQL("(pg_current_xact_id()::text::bigint << {bits}) + e.o").format(
+            bits=SQL(str(ORDINAL_BITS)))
+        if self.wait_for_flush:
+            self._insert = SQL(
+                "INSERT INTO {table} (originator_id, originator_version, topic, state, "
+                "notification_id) SELECT e.i, e.v, e.t, e.s, {new_id} FROM {events} "
+                "ORDER BY e.o RETURNING notification_id").format(
+                table=table, new_id=new_id, events=events)
+        else:
+            # Commit without waiting for the WAL flush (set for this statement's own
+            # transaction), and append only after an event that is there: a crash of
+            # the server may take the last acknowledged events with it, and a writer
+            # still holding them must not append after a gap (the NULL id makes the
+            # insert fail as a conflict, and the writer reloads the run).
+            self._insert = SQL(
+                "WITH c AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', "
+                "true)), e AS MATERIALIZED (SELECT * FROM {events}) "
+                "INSERT INTO {table} (originator_id, originator_version, topic, state, "
+                "notification_id) SELECT e.i, e.v, e.t, e.s, CASE WHEN e.v <= 1 "
+                "OR EXISTS (SELECT 1 FROM e AS q WHERE q.i = e.i AND q.v = e.v - 1) "
+                "OR EXISTS (SELECT 1 FROM {table} AS p WHERE p.originator_id = e.i "
+                "AND p.originator_version = e.v - 1) THEN {new_id} END FROM c, e "
+                "ORDER BY e.o RETURNING notification_id").format(
+                table=table, new_id=new_id, events=events)
         qualified = ".".join('"' + name.replace('"', '""') + '"'
                              for name in (self.datastore.schema, self.events_table_name))
         # The lowest transaction id that may still add a row (see the module docs):
@@ -187,3 +207,15 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
         """Not supported: inserts send no ``NOTIFY``; poll select_notifications."""
         raise NotImplementedError("XidOrderedRecorder sends no NOTIFY: poll "
                                   "select_notifications() instead of subscribing")
+
+
+class NoWaitXidOrderedRecorder(XidOrderedRecorder):
+    """The same recorder, but an insert does not wait for its commit's WAL flush
+    (``synchronous_commit`` off for the insert's transaction only): a crash of the
+    database server may lose the last acknowledged inserts (up to about three times
+    ``wal_writer_delay``); a crash of the writer loses nothing. An insert whose events
+    (past an aggregate's first, version 0 or 1) do not follow an event already stored
+    (or one of the same insert) fails with an integrity error, so a writer cannot
+    append after a lost tail."""
+
+    wait_for_flush = False

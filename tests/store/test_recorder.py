@@ -17,10 +17,12 @@ import pytest
 from eventsourcing.persistence import IntegrityError, StoredEvent
 from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 
+from saga.api import Saga
 from saga.config import load_settings
-from saga.errors import ConfigError
+from saga.errors import ConcurrentWriteError, ConfigError
 from saga.store.application import SagaApplication
-from saga.store.pg_recorder import ORDINAL_BITS, XidOrderedRecorder
+from saga.store.pg_recorder import ORDINAL_BITS, NoWaitXidOrderedRecorder, XidOrderedRecorder
+from saga.tools import Registry
 from tests.conftest import PG_URL, postgres_store
 
 try:
@@ -55,8 +57,9 @@ def _drop(schema: str) -> None:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
-def _recorder(schema: str, pool: int = 4) -> XidOrderedRecorder:
-    recorder = XidOrderedRecorder(_datastore(schema, pool), events_table_name="saga_events")
+def _recorder(schema: str, pool: int = 4, *,
+              kind: type[XidOrderedRecorder] = XidOrderedRecorder) -> XidOrderedRecorder:
+    recorder = kind(_datastore(schema, pool), events_table_name="saga_events")
     recorder.create_table()
     return recorder
 
@@ -112,6 +115,15 @@ class TestLibraryCase(ApplicationRecorderTestCase[XidOrderedRecorder]):
         assert ids(start=n3, limit=1, inclusive_of_start=False) == []
         assert ids(start=n1, limit=10, stop=n2, inclusive_of_start=False) == [n2]
         assert recorder.max_notification_id() == n3
+
+
+class TestLibraryCaseNoWait(TestLibraryCase):
+    """The same, against the recorder that does not wait for the WAL flush."""
+
+    def create_recorder(self) -> XidOrderedRecorder:
+        r = _recorder(self.schema, kind=NoWaitXidOrderedRecorder)
+        self.recorders.append(r)
+        return r
 
 
 @pytest.fixture
@@ -263,3 +275,78 @@ def test_the_xid_recorder_is_the_default_and_library_the_way_back(
     with pytest.raises(ConfigError):
         load_settings(env={"SAGA_DATABASE_URL": PG_URL, "SAGA_PG_RECORDER": "serial"},
                       cwd=tmp_path)
+
+
+@pytest.mark.parametrize(("kind", "setting"), [(XidOrderedRecorder, "on"),
+                                               (NoWaitXidOrderedRecorder, "off")])
+def test_only_the_no_wait_recorder_commits_without_waiting(
+        schema: str, kind: type[XidOrderedRecorder], setting: str) -> None:
+    """Its insert sets synchronous_commit off for its own transaction (seen here by
+    running the statement inside a transaction of ours), never for the session."""
+    recorder = _recorder(schema, kind=kind)
+    try:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            with conn.transaction():
+                conn.execute(recorder._insert, ([uuid4()], [1], ["t"], [b"x"]))
+                row = conn.execute("SHOW synchronous_commit").fetchone()
+                assert row is not None and row[0] == setting
+            row = conn.execute("SHOW synchronous_commit").fetchone()
+            assert row is not None and row[0] == "on"
+    finally:
+        recorder.datastore.close()
+
+
+def test_the_no_wait_recorder_refuses_to_append_after_a_gap(schema: str) -> None:
+    """What a crash of the server may leave: a writer holding versions the log lost.
+    Its next append, past the gap, fails as a conflict and stores nothing."""
+    recorder = _recorder(schema, kind=NoWaitXidOrderedRecorder)
+    try:
+        a, b = uuid4(), uuid4()
+        recorder.insert_events([StoredEvent(a, 1, "t", b"1"), StoredEvent(a, 2, "t", b"2")])
+        with pytest.raises(IntegrityError):
+            recorder.insert_events([StoredEvent(a, 4, "t", b"4")])
+        with pytest.raises(IntegrityError):  # one gap fails the whole insert
+            recorder.insert_events([StoredEvent(b, 1, "t", b"1"),
+                                    StoredEvent(a, 4, "t", b"4")])
+        recorder.insert_events([StoredEvent(a, 3, "t", b"3"), StoredEvent(a, 4, "t", b"4")])
+        got = recorder.select_notifications(start=None, limit=10)
+        assert [(n.originator_id, n.originator_version) for n in got] == [
+            (a, 1), (a, 2), (a, 3), (a, 4)]
+    finally:
+        recorder.datastore.close()
+
+
+def test_the_no_wait_mode_runs_and_a_lost_tail_is_a_conflict(tmp_path: Path,
+                                                             registry: Registry) -> None:
+    """SAGA_PG_COMMIT=no-wait: runs complete; a worker holding events a crash of the
+    server lost (deleted here) cannot append after them: a conflict, and the run as the
+    log holds it loads and goes on."""
+    plan = {"name": "two", "steps": [{"id": "a", "tool": "effect", "args": {"value": 1}},
+                                     {"id": "b", "tool": "effect", "args": {"value": 2}}]}
+    env = {"SAGA_DATABASE_URL": PG_URL, "SAGA_PG_COMMIT": "no-wait"}
+    with postgres_store() as pg:
+        settings = load_settings(env=env, cwd=tmp_path, schema=pg.schema, actor="tester")
+        with Saga(settings, registry=registry) as saga:
+            assert type(saga.app.recorder) is NoWaitXidOrderedRecorder
+            assert saga.run(saga.load(plan)).status == "completed"
+            held = saga.get(saga.submit(saga.load(plan)).run_id)
+            held.pause("tester", "first")
+            saga.app.save_run(held)
+            held.unpause("tester")
+            saga.app.save_run(held)
+            with psycopg.connect(PG_URL, autocommit=True) as conn:
+                conn.execute(f'DELETE FROM "{pg.schema}".{saga.app.recorder.events_table_name}'
+                             " WHERE originator_id = %s AND originator_version = %s",
+                             (held.id, held.version))
+            held.pause("tester", "after the lost tail")
+            with pytest.raises(ConcurrentWriteError):
+                saga.app.save_run(held)
+            fresh = saga.get(held.run_id)
+            assert (fresh.version, fresh.status) == (held.version - 2, "paused")
+            fresh.unpause("tester")
+            saga.app.save_run(fresh)
+            assert saga.resume(held.run_id).status == "completed"
+    for bad in ({"SAGA_PG_COMMIT": "later"},
+                {"SAGA_PG_COMMIT": "no-wait", "SAGA_PG_RECORDER": "library"}):
+        with pytest.raises(ConfigError):
+            load_settings(env={"SAGA_DATABASE_URL": PG_URL, **bad}, cwd=tmp_path)
