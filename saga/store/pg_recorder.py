@@ -33,7 +33,9 @@ the server went down is aborted by recovery, so it holds no lock and is in no sn
 afterwards (readers do not wait for it, and its rows never appear); and recovery resumes
 transaction ids above every one whose commit it replayed (with ``synchronous_commit``
 on, every acknowledged commit), so ids given after the restart are above every id a
-reader could have read before it, and a reader's position stays valid.
+reader could have read before it, and a reader's position stays valid. (Not so with
+:class:`NoWaitXidOrderedRecorder` after a crash of the server: commits it acknowledged
+may be lost, and their ids given again.)
 
 The price: a transaction that keeps a lock on the events table open delays readers (not
 writers) until it ends; readers of a quiet table see every committed row. Every writer of
