@@ -33,9 +33,9 @@ the server went down is aborted by recovery, so it holds no lock and is in no sn
 afterwards (readers do not wait for it, and its rows never appear); and recovery resumes
 transaction ids above every one whose commit it replayed (with ``synchronous_commit``
 on, every acknowledged commit), so ids given after the restart are above every id a
-reader could have read before it, and a reader's position stays valid. (Not so with
-:class:`NoWaitXidOrderedRecorder` after a crash of the server: commits it acknowledged
-may be lost, and their ids given again.)
+reader could have read before it, and a reader's position stays valid. (With
+:class:`NoWaitXidOrderedRecorder` a crash may lose acknowledged inserts and give their
+ids again; its readers return only what is flushed, so no reader holds such an id.)
 
 The price: a transaction that keeps a lock on the events table open delays readers (not
 writers) until it ends; readers of a quiet table see every committed row. Every writer of
@@ -179,10 +179,17 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
             table=self._table, where=SQL(" AND ").join(where))
         with self.datastore.get_connection() as conn, conn.cursor() as curs:
             curs.execute(statement, params, prepare=True)
-            return [Notification(id=row["notification_id"], originator_id=row["originator_id"],
+            page = [Notification(id=row["notification_id"], originator_id=row["originator_id"],
                                  originator_version=row["originator_version"],
                                  topic=row["topic"], state=bytes(row["state"]))
                     for row in curs.fetchall()]
+        if page:
+            self.flushed()
+        return page
+
+    def flushed(self) -> None:
+        """Return once every commit visible now is flushed to the WAL: nothing to do
+        when inserts wait for their own flush (see :class:`NoWaitXidOrderedRecorder`)."""
 
     @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
     def max_notification_id(self) -> int | None:
@@ -193,7 +200,10 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
                              "WHERE notification_id < %s").format(table=self._table),
                          (below,), prepare=True)
             row = curs.fetchone()
-            return None if row is None or row["m"] is None else int(row["m"])
+        if row is None or row["m"] is None:
+            return None
+        self.flushed()
+        return int(row["m"])
 
     def count_notifications(self, after: int, upto: int) -> int:
         """How many notifications have ids in ``(after, upto]`` (ids are not contiguous)."""
@@ -218,6 +228,22 @@ class NoWaitXidOrderedRecorder(XidOrderedRecorder):
     ``wal_writer_delay``); a crash of the writer loses nothing. An insert whose events
     (past an aggregate's first, version 0 or 1) do not follow an event already stored
     (or one of the same insert) fails with an integrity error, so a writer cannot
-    append after a lost tail."""
+    append after a lost tail. Readers of notifications wait for the flush instead
+    (:meth:`flushed`), so what they read survives a crash."""
 
     wait_for_flush = False
+
+    def flushed(self) -> None:
+        """Commit a transaction of our own that waits for its flush: the WAL is flushed
+        in order, so every commit that was visible before it is durable after it. A
+        reader calls this after it read and before it returns, so no reader (the
+        projection, a worker's run index) acts on an event a crash could take back,
+        nor holds a position among ids a recovered server could give again; one
+        flush per read pays for every insert it read."""
+        with self.datastore.get_connection() as conn:
+            assert conn.autocommit  # one statement, its own transaction, one round trip
+            # A commit waits for its flush only if its transaction wrote WAL (an xid
+            # alone does not): a transactional logical message is the smallest write
+            # (logical decoding sees it, prefix "saga.flush"; nothing else does).
+            conn.execute("SELECT set_config('synchronous_commit', 'on', true), "
+                         "pg_logical_emit_message(true, 'saga.flush', '')", prepare=True)

@@ -350,3 +350,40 @@ def test_the_no_wait_mode_runs_and_a_lost_tail_is_a_conflict(tmp_path: Path,
                 {"SAGA_PG_COMMIT": "no-wait", "SAGA_PG_RECORDER": "library"}):
         with pytest.raises(ConfigError):
             load_settings(env={"SAGA_DATABASE_URL": PG_URL, **bad}, cwd=tmp_path)
+
+
+def test_no_wait_readers_return_only_what_is_flushed(schema: str) -> None:
+    """Inserts do not wait for the WAL flush, so a read that returns events waits for it
+    (after the read, before returning): what a reader acts on survives a crash. An empty
+    read waits for nothing."""
+    recorder = _recorder(schema, kind=NoWaitXidOrderedRecorder)
+    real = recorder.flushed
+    flushes: list[tuple[str, str]] = []
+
+    def spy() -> None:
+        real()
+        with psycopg.connect(PG_URL, autocommit=True) as c:
+            row = c.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
+        assert row is not None
+        flushes.append((str(row[0]), written))
+    recorder.flushed = spy  # type: ignore[method-assign]
+    try:
+        written = ""
+        assert recorder.select_notifications(start=None, limit=10) == []
+        assert recorder.max_notification_id() is None
+        assert flushes == []
+        recorder.insert_events([StoredEvent(uuid4(), 1, "t", b"x")])
+        with psycopg.connect(PG_URL, autocommit=True) as c:
+            row = c.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+        assert row is not None
+        written = str(row[0])
+        assert len(recorder.select_notifications(start=None, limit=10)) == 1
+        assert recorder.max_notification_id() is not None
+        assert len(flushes) == 2
+
+        def lsn(text: str) -> int:
+            high, low = text.split("/")
+            return (int(high, 16) << 32) + int(low, 16)
+        assert all(lsn(flushed) >= lsn(w) for flushed, w in flushes)
+    finally:
+        recorder.datastore.close()
