@@ -105,10 +105,13 @@ class Settings:
     expression_max_items: int | None = None
     #: Limits per queue (saga.toml ``[queues.NAME]``); a queue not named has none.
     queues: dict[str, QueueLimit] = field(default_factory=dict)
-    #: PostgreSQL recorder: "library" (eventsourcing's own, which serialises writers on a
-    #: table lock; the default) or "xid" (no table lock, opt-in: see
-    #: saga.store.pg_recorder; not yet proven through a database restart).
-    pg_recorder: str = "library"
+    #: PostgreSQL recorder: "xid" (no table lock; see saga.store.pg_recorder; the
+    #: default) or "library" (eventsourcing's own, which serialises writers on a table lock).
+    pg_recorder: str = "xid"
+    #: PostgreSQL event commits: "wait" (each append returns once its commit is flushed
+    #: to the WAL) or "no-wait" (it does not: a crash of the database server may lose
+    #: the last acknowledged appends; xid recorder only).
+    pg_commit: str = "wait"
     #: PostgreSQL URLs of the partitions runs are spread over by run id (saga.toml
     #: ``[database] partitions``, ``SAGA_DATABASE_PARTITIONS``); ``database_url`` is the
     #: first, which also holds the side tables (leases, schedules, cache, undo store).
@@ -151,7 +154,9 @@ class Settings:
                        # pool's dead ones and tries again.
                        POSTGRES_PRE_PING="n")
             if self.pg_recorder == "xid":
-                env["APPLICATION_RECORDER_TOPIC"] = "saga.store.pg_recorder:XidOrderedRecorder"
+                recorder = ("NoWaitXidOrderedRecorder" if self.pg_commit == "no-wait"
+                            else "XidOrderedRecorder")
+                env["APPLICATION_RECORDER_TOPIC"] = f"saga.store.pg_recorder:{recorder}"
             return env
         return {"PERSISTENCE_MODULE": "eventsourcing.sqlite",
                 "SQLITE_DBNAME": str(self.home / "saga.db"),
@@ -251,7 +256,8 @@ def load_settings(env: Mapping[str, str] | None = None, cwd: Path | None = None,
             secrets_allow=tuple(str(n) for n in (data.get("secrets") or {}).get("allow", [])
                                 if isinstance(data.get("secrets"), dict)),
             queues=parse_queues(data.get("queues")),
-            pg_recorder=env.get("SAGA_PG_RECORDER") or database.get("recorder", "library"),
+            pg_recorder=env.get("SAGA_PG_RECORDER") or database.get("recorder", "xid"),
+            pg_commit=env.get("SAGA_PG_COMMIT") or database.get("commit", "wait"),
             file=data,
         )
     except ValueError as e:
@@ -261,6 +267,11 @@ def load_settings(env: Mapping[str, str] | None = None, cwd: Path | None = None,
                                                          if v is not None}})
     if settings.pg_recorder not in ("xid", "library"):
         raise ConfigError(f"SAGA_PG_RECORDER must be xid or library, not {settings.pg_recorder!r}")
+    if settings.pg_commit not in ("wait", "no-wait"):
+        raise ConfigError(f"SAGA_PG_COMMIT must be wait or no-wait, not {settings.pg_commit!r}")
+    if settings.pg_commit == "no-wait" and settings.pg_recorder != "xid":
+        raise ConfigError("SAGA_PG_COMMIT=no-wait needs the xid recorder "
+                          "(SAGA_PG_RECORDER=xid, the default)")
     if settings.database_url and not settings.is_postgres:
         raise ConfigError("SAGA_DATABASE_URL must start with postgresql:// "
                           "(leave it unset for the embedded SQLite store)")

@@ -5,7 +5,7 @@ Usage::
 
     python ops/bench/drain.py [--runs 300] [--steps 5] [--workers 1,4] [--concurrency 64]
                               [--repeats 3] [--pg-url URL] [--recorder xid|library]
-                              [--partitions URL,URL...]
+                              [--partitions URL,URL...] [--commit wait[,no-wait]]
 
 With ``--partitions``, every worker count drains twice per repeat: into the first URL
 alone, and into a store partitioned over all of them (README, Partitioned stores).
@@ -15,7 +15,8 @@ runs are submitted first (not timed), then the worker processes are spawned, con
 at a barrier, and drain with ``Worker.run(until_idle=True)``; the wall time is from the
 barrier to the last process ending. Reported: runs/s and events/s (median [min..max])
 and the ratio to the first worker count, per repeat, interleaved. Every run is checked
-``completed`` at the end and every run's events counted once.
+``completed`` at the end and every run's events counted once. ``--commit wait,no-wait``
+interleaves the two commit modes (``SAGA_PG_COMMIT``) too, ratios against the first.
 """
 
 from __future__ import annotations
@@ -40,19 +41,21 @@ def chain(n: int) -> dict[str, Any]:
         for i in range(n)]}
 
 
-def _settings(urls: tuple[str, ...], schema: str, recorder: str) -> Any:
+def _settings(urls: tuple[str, ...], schema: str, recorder: str,
+              commit: str = "wait") -> Any:
     """One database, or a store partitioned over several."""
     from saga.config import Settings
     return Settings(database_url=urls[0], partitions=urls if len(urls) > 1 else (),
                     schema=schema, actor="drain", pool_size=2, max_overflow=4,
-                    pg_recorder=recorder)
+                    pg_recorder=recorder, pg_commit=commit)
 
 
-def _worker(urls: tuple[str, ...], schema: str, recorder: str, concurrency: int,
+def _worker(urls: tuple[str, ...], schema: str, recorder: str, commit: str, concurrency: int,
             barrier: Any, out: Any) -> None:
     from saga.api import Saga
     from saga.tools import load_registry
-    with Saga(_settings(urls, schema, recorder), registry=load_registry([])) as saga:
+    with Saga(_settings(urls, schema, recorder, commit),
+              registry=load_registry([])) as saga:
         worker = saga.worker_loop(concurrency=concurrency, poll_interval=0.05)
         worker.index.refresh()
         barrier.wait()
@@ -61,7 +64,7 @@ def _worker(urls: tuple[str, ...], schema: str, recorder: str, concurrency: int,
 
 
 def drain_once(urls: tuple[str, ...], runs: int, steps: int, workers: int, concurrency: int,
-               recorder: str) -> dict[str, float]:
+               recorder: str, commit: str = "wait") -> dict[str, float]:
     """One drain of ``runs`` runs by ``workers`` processes; seconds and counts."""
     import psycopg
 
@@ -76,8 +79,9 @@ def drain_once(urls: tuple[str, ...], runs: int, steps: int, workers: int, concu
             saga.leases  # noqa: B018 - the side tables exist before the workers start
         ctx = mp.get_context("spawn")
         barrier, out = ctx.Barrier(workers + 1), ctx.Queue()
-        procs = [ctx.Process(target=_worker, args=(urls, schema, recorder, concurrency,
-                                                   barrier, out)) for _ in range(workers)]
+        procs = [ctx.Process(target=_worker, args=(urls, schema, recorder, commit,
+                                                   concurrency, barrier, out))
+                 for _ in range(workers)]
         for p in procs:
             p.start()
         barrier.wait(timeout=120)
@@ -111,20 +115,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recorder", default="xid", choices=["xid", "library"])
     parser.add_argument("--partitions", help="comma-separated URLs: also drain into a "
                                              "store partitioned over them")
+    parser.add_argument("--commit", default="wait",
+                        help="comma-separated commit modes: wait, no-wait")
     args = parser.parse_args(argv)
     counts = [int(w) for w in args.workers.split(",")]
     stores: list[tuple[str, ...]] = [(args.pg_url,)]
     if args.partitions:
         urls = tuple(u for u in args.partitions.split(",") if u)
         stores = [urls[:1], urls]
-    configs = [(store, w) for store in stores for w in counts]
-    samples: dict[tuple[tuple[str, ...], int], list[dict[str, float]]] = {
+    configs = [(store, m, w) for store in stores for m in args.commit.split(",")
+               for w in counts]
+    samples: dict[tuple[tuple[str, ...], str, int], list[dict[str, float]]] = {
         c: [] for c in configs}
     for r in range(args.repeats):
-        for store, w in (configs if r % 2 == 0 else configs[::-1]):  # interleaved
-            s = drain_once(store, args.runs, args.steps, w, args.concurrency, args.recorder)
-            samples[(store, w)].append(s)
-            print(f"[drain] repeat {r + 1}: {len(store)} database(s), {w} worker(s): "
+        for store, m, w in (configs if r % 2 == 0 else configs[::-1]):  # interleaved
+            s = drain_once(store, args.runs, args.steps, w, args.concurrency, args.recorder,
+                           m)
+            samples[(store, m, w)].append(s)
+            print(f"[drain] repeat {r + 1}: {len(store)} database(s), {m}, {w} worker(s): "
                   f"{s['seconds']:.2f} s, {s['runs_per_s']:.0f} runs/s, "
                   f"{s['events_per_s']:.0f} events/s, {s['commits']} commits",
                   file=sys.stderr, flush=True)
@@ -132,14 +140,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{args.runs} runs of a {args.steps}-step noop chain, concurrency "
           f"{args.concurrency} per worker, recorder {args.recorder}, "
           f"{args.repeats} interleaved repeats (median [min..max])\n")
-    print(f"| databases | worker processes | runs/s | events/s | commits "
-          f"| × {len(base[0])} database, {base[1]} worker(s) |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    print(f"| databases | commit | worker processes | runs/s | events/s | commits "
+          f"| × {len(base[0])} database, {base[1]}, {base[2]} worker(s) |")
+    print("|---:|---|---:|---:|---:|---:|---:|")
     for c in configs:
         rps = [s["runs_per_s"] for s in samples[c]]
         ratios = [a["runs_per_s"] / b["runs_per_s"]
                   for a, b in zip(samples[c], samples[base], strict=True)]
-        print(f"| {len(c[0])} | {c[1]} | {_spread(rps)} "
+        print(f"| {len(c[0])} | {c[1]} | {c[2]} | {_spread(rps)} "
               f"| {_spread([s['events_per_s'] for s in samples[c]])} "
               f"| {statistics.median(s['commits'] for s in samples[c]):.0f} "
               f"| {_spread(ratios, 2)} |")

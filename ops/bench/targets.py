@@ -66,14 +66,14 @@ def targets_phase(url: str, quick: bool, repeats: int, floor: Any) -> dict[str, 
     for r in range(repeats):
         print(f"[bench] targets repeat {r + 1}/{repeats}", file=sys.stderr, flush=True)
         out["floor_ms"].append(floor())
-        one = drain_once(url, group_runs, 3, 1, 1, "xid")
-        many = drain_once(url, group_runs, 3, 1, 64, "xid")
+        one = drain_once((url,), group_runs, 3, 1, 1, "xid")
+        many = drain_once((url,), group_runs, 3, 1, 64, "xid")
         out["one_at_a_time_eps"].append(one["events_per_s"])
         out["concurrent_eps"].append(many["events_per_s"])
         out["group_commits"].append(many["commits"])
         out["group_ratio"].append(many["events_per_s"] / one["events_per_s"])
         order = [1, 4] if r % 2 == 0 else [4, 1]
-        got = {w: drain_once(url, drain_runs, 5, w, 64, "xid") for w in order}
+        got = {w: drain_once((url,), drain_runs, 5, w, 64, "xid") for w in order}
         out["one_worker_rps"].append(got[1]["runs_per_s"])
         out["four_workers_rps"].append(got[4]["runs_per_s"])
         out["workers_ratio"].append(got[4]["runs_per_s"] / got[1]["runs_per_s"])

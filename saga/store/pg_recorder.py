@@ -28,6 +28,15 @@ statement), so T held that lock: either it still held it when the horizon query 
 ``pg_locks`` (then ``H`` would be at most T's id) or it had released it, i.e. finished,
 before the second statement began, whose snapshot then sees the row.
 
+Across a restart or a crash of the server the order holds: a transaction in flight when
+the server went down is aborted by recovery, so it holds no lock and is in no snapshot
+afterwards (readers do not wait for it, and its rows never appear); and recovery resumes
+transaction ids above every one whose commit it replayed (with ``synchronous_commit``
+on, every acknowledged commit), so ids given after the restart are above every id a
+reader could have read before it, and a reader's position stays valid. (With
+:class:`NoWaitXidOrderedRecorder` a crash may lose acknowledged inserts and give their
+ids again; its readers return only what is flushed, so no reader holds such an id.)
+
 The price: a transaction that keeps a lock on the events table open delays readers (not
 writers) until it ends; readers of a quiet table see every committed row. Every writer of
 one events table must use this recorder (a library recorder's serial ids are far below
@@ -62,6 +71,9 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
     """An application recorder with transaction-id-ordered notification ids (see the
     module's documentation): inserts need no table lock, one round trip each."""
 
+    #: Whether an insert returns only once its commit is flushed to the WAL.
+    wait_for_flush = True
+
     def __init__(self, datastore: PostgresDatastore, *,
                  events_table_name: str = "stored_events") -> None:
         super().__init__(datastore, events_table_name=events_table_name)
@@ -69,15 +81,32 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
                                       Identifier(self.events_table_name))
         self._table = table
         id_type = SQL("uuid" if self.datastore.originator_id_type == "uuid" else "text")
-        self._insert = SQL(
-            "INSERT INTO {table} (originator_id, originator_version, topic, state, "
-            "notification_id) "
-            "SELECT e.i, e.v, e.t, e.s, "
-            "(pg_current_xact_id()::text::bigint << {bits}) + e.o "
-            "FROM unnest(%s::{id_type}[], %s::bigint[], %s::text[], %s::bytea[]) "
-            "WITH ORDINALITY AS e(i, v, t, s, o) ORDER BY e.o "
-            "RETURNING notification_id").format(table=table, id_type=id_type,
-                                                bits=SQL(str(ORDINAL_BITS)))
+        events = SQL("unnest(%s::{id_type}[], %s::bigint[], %s::text[], %s::bytea[]) "
+                     "WITH ORDINALITY AS e(i, v, t, s, o)").format(id_type=id_type)
+        new_id = SQL("(pg_current_xact_id()::text::bigint << {bits}) + e.o").format(
+            bits=SQL(str(ORDINAL_BITS)))
+        if self.wait_for_flush:
+            self._insert = SQL(
+                "INSERT INTO {table} (originator_id, originator_version, topic, state, "
+                "notification_id) SELECT e.i, e.v, e.t, e.s, {new_id} FROM {events} "
+                "ORDER BY e.o RETURNING notification_id").format(
+                table=table, new_id=new_id, events=events)
+        else:
+            # Commit without waiting for the WAL flush (set for this statement's own
+            # transaction), and append only after an event that is there: a crash of
+            # the server may take the last acknowledged events with it, and a writer
+            # still holding them must not append after a gap (the NULL id makes the
+            # insert fail as a conflict, and the writer reloads the run).
+            self._insert = SQL(
+                "WITH c AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', "
+                "true)), e AS MATERIALIZED (SELECT * FROM {events}) "
+                "INSERT INTO {table} (originator_id, originator_version, topic, state, "
+                "notification_id) SELECT e.i, e.v, e.t, e.s, CASE WHEN e.v <= 1 "
+                "OR EXISTS (SELECT 1 FROM e AS q WHERE q.i = e.i AND q.v = e.v - 1) "
+                "OR EXISTS (SELECT 1 FROM {table} AS p WHERE p.originator_id = e.i "
+                "AND p.originator_version = e.v - 1) THEN {new_id} END FROM c, e "
+                "ORDER BY e.o RETURNING notification_id").format(
+                table=table, new_id=new_id, events=events)
         qualified = ".".join('"' + name.replace('"', '""') + '"'
                              for name in (self.datastore.schema, self.events_table_name))
         # The lowest transaction id that may still add a row (see the module docs):
@@ -98,10 +127,12 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
 
     # -- writing ---------------------------------------------------------------------
 
-    @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
     def insert_events(self, stored_events: Sequence[StoredEvent],
                       **kwargs: Any) -> Sequence[int] | None:
-        """Insert the events in one autocommit statement (one round trip, atomic)."""
+        """Insert the events in one autocommit statement (one round trip, atomic).
+
+        Never tried again here (the library's recorder is): after a lost connection the
+        statement may have committed, and only the caller can tell, by reading back."""
         if not stored_events:
             return []
         if len(stored_events) > MAX_EVENTS_PER_INSERT:
@@ -148,10 +179,17 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
             table=self._table, where=SQL(" AND ").join(where))
         with self.datastore.get_connection() as conn, conn.cursor() as curs:
             curs.execute(statement, params, prepare=True)
-            return [Notification(id=row["notification_id"], originator_id=row["originator_id"],
+            page = [Notification(id=row["notification_id"], originator_id=row["originator_id"],
                                  originator_version=row["originator_version"],
                                  topic=row["topic"], state=bytes(row["state"]))
                     for row in curs.fetchall()]
+        if page:
+            self.flushed()
+        return page
+
+    def flushed(self) -> None:
+        """Return once every commit visible now is flushed to the WAL: nothing to do
+        when inserts wait for their own flush (see :class:`NoWaitXidOrderedRecorder`)."""
 
     @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
     def max_notification_id(self) -> int | None:
@@ -162,7 +200,10 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
                              "WHERE notification_id < %s").format(table=self._table),
                          (below,), prepare=True)
             row = curs.fetchone()
-            return None if row is None or row["m"] is None else int(row["m"])
+        if row is None or row["m"] is None:
+            return None
+        self.flushed()
+        return int(row["m"])
 
     def count_notifications(self, after: int, upto: int) -> int:
         """How many notifications have ids in ``(after, upto]`` (ids are not contiguous)."""
@@ -178,3 +219,31 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
         """Not supported: inserts send no ``NOTIFY``; poll select_notifications."""
         raise NotImplementedError("XidOrderedRecorder sends no NOTIFY: poll "
                                   "select_notifications() instead of subscribing")
+
+
+class NoWaitXidOrderedRecorder(XidOrderedRecorder):
+    """The same recorder, but an insert does not wait for its commit's WAL flush
+    (``synchronous_commit`` off for the insert's transaction only): a crash of the
+    database server may lose the last acknowledged inserts (up to about three times
+    ``wal_writer_delay``); a crash of the writer loses nothing. An insert whose events
+    (past an aggregate's first, version 0 or 1) do not follow an event already stored
+    (or one of the same insert) fails with an integrity error, so a writer cannot
+    append after a lost tail. Readers of notifications wait for the flush instead
+    (:meth:`flushed`), so what they read survives a crash."""
+
+    wait_for_flush = False
+
+    def flushed(self) -> None:
+        """Commit a transaction of our own that waits for its flush: the WAL is flushed
+        in order, so every commit that was visible before it is durable after it. A
+        reader calls this after it read and before it returns, so no reader (the
+        projection, a worker's run index) acts on an event a crash could take back,
+        nor holds a position among ids a recovered server could give again; one
+        flush per read pays for every insert it read."""
+        with self.datastore.get_connection() as conn:
+            assert conn.autocommit  # one statement, its own transaction, one round trip
+            # A commit waits for its flush only if its transaction wrote WAL (an xid
+            # alone does not): a transactional logical message is the smallest write
+            # (logical decoding sees it, prefix "saga.flush"; nothing else does).
+            conn.execute("SELECT set_config('synchronous_commit', 'on', true), "
+                         "pg_logical_emit_message(true, 'saga.flush', '')", prepare=True)

@@ -277,10 +277,12 @@ def test_the_read_model_catches_every_partition_up_in_turn(parts: Settings,
         assert isinstance(projection, Projections)
         assert projection.catch_up(limit=2) == 2
         assert projection.positions()[0] > 0 and projection.positions()[1] > 0
-        projection.catch_up()
+        applied = 2 + projection.catch_up()
         assert projection.lag() == 0 and len(projection.runs(limit=None)) == 8
         assert projection.position() == sum(projection.positions()) == projection.head()
-        assert projection.rebuild() == projection.head()
+        # ids need not be contiguous (the default recorder's follow transaction ids)
+        assert projection.rebuild() == applied
+        assert projection.position() == projection.head()
         assert sorted(r["run_id"] for r in projection.runs(limit=3)) == sorted(
             r["run_id"] for r in saga.list_runs(limit=3))
 

@@ -8,16 +8,22 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
 import psycopg
 import pytest
 from eventsourcing.persistence import IntegrityError, StoredEvent
-from eventsourcing.postgres import PostgresDatastore
+from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 
-from saga.store.pg_recorder import ORDINAL_BITS, XidOrderedRecorder
-from tests.conftest import PG_URL
+from saga.api import Saga
+from saga.config import load_settings
+from saga.errors import ConcurrentWriteError, ConfigError
+from saga.store.application import SagaApplication
+from saga.store.pg_recorder import ORDINAL_BITS, NoWaitXidOrderedRecorder, XidOrderedRecorder
+from saga.tools import Registry
+from tests.conftest import PG_URL, postgres_store
 
 try:
     import eventsourcing.cipher  # noqa: F401
@@ -51,8 +57,9 @@ def _drop(schema: str) -> None:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
-def _recorder(schema: str, pool: int = 4) -> XidOrderedRecorder:
-    recorder = XidOrderedRecorder(_datastore(schema, pool), events_table_name="saga_events")
+def _recorder(schema: str, pool: int = 4, *,
+              kind: type[XidOrderedRecorder] = XidOrderedRecorder) -> XidOrderedRecorder:
+    recorder = kind(_datastore(schema, pool), events_table_name="saga_events")
     recorder.create_table()
     return recorder
 
@@ -110,6 +117,15 @@ class TestLibraryCase(ApplicationRecorderTestCase[XidOrderedRecorder]):
         assert recorder.max_notification_id() == n3
 
 
+class TestLibraryCaseNoWait(TestLibraryCase):
+    """The same, against the recorder that does not wait for the WAL flush."""
+
+    def create_recorder(self) -> XidOrderedRecorder:
+        r = _recorder(self.schema, kind=NoWaitXidOrderedRecorder)
+        self.recorders.append(r)
+        return r
+
+
 @pytest.fixture
 def schema() -> Iterator[str]:
     s = _new_schema()
@@ -152,6 +168,32 @@ def test_reader_waits_for_an_open_lower_transaction(schema: str) -> None:
         seen = recorder.select_notifications(start=None, limit=10)
         assert [n.topic for n in seen] == ["slow", "fast"]
         assert seen[1].id == later[0]
+    finally:
+        conn.close()
+        recorder.datastore.close()
+
+
+def test_reader_stops_waiting_for_a_transaction_whose_backend_died(schema: str) -> None:
+    """A lower transaction that never commits (its backend terminated, as a crash would
+    leave it): readers wait for it while it is open, then pass it, and its row never
+    appears."""
+    recorder = _recorder(schema)
+    conn = psycopg.connect(PG_URL, autocommit=False)
+    try:
+        conn.execute(
+            f'INSERT INTO "{schema}".saga_events (originator_id, originator_version, topic, '
+            f'state, notification_id) VALUES (%s, 1, %s, %s, '
+            f'(pg_current_xact_id()::text::bigint << {ORDINAL_BITS}) + 1)',
+            (uuid4(), "doomed", b"x"))
+        pid = conn.info.backend_pid
+        later = recorder.insert_events([StoredEvent(uuid4(), 1, "after", b"y")])
+        assert later is not None
+        assert recorder.select_notifications(start=None, limit=10) == []
+        with psycopg.connect(PG_URL, autocommit=True) as killer:
+            killer.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))
+        seen = recorder.select_notifications(start=None, limit=10)
+        assert [(n.id, n.topic) for n in seen] == [(later[0], "after")]
+        assert recorder.max_notification_id() == later[0]
     finally:
         conn.close()
         recorder.datastore.close()
@@ -213,3 +255,135 @@ def test_concurrent_writers_and_a_following_reader(schema: str, procs: int) -> N
     reader.datastore.close()
     assert len(written) == procs * writes * per_write
     assert seen == sorted(written), "a notification was missed, repeated or reordered"
+
+
+@pytest.mark.parametrize(("chosen", "expected"), [(None, XidOrderedRecorder),
+                                                  ("library", PostgresApplicationRecorder)])
+def test_the_xid_recorder_is_the_default_and_library_the_way_back(
+        tmp_path: Path, chosen: str | None, expected: type) -> None:
+    env = {"SAGA_DATABASE_URL": PG_URL, **({"SAGA_PG_RECORDER": chosen} if chosen else {})}
+    with postgres_store() as pg:
+        settings = load_settings(env=env, cwd=tmp_path, schema=pg.schema)
+        app = SagaApplication(settings)
+        try:
+            assert type(app.recorder) is expected
+        finally:
+            app.close()
+    (tmp_path / "saga.toml").write_text('[database]\nrecorder = "library"\n')
+    assert load_settings(env={"SAGA_DATABASE_URL": PG_URL}, cwd=tmp_path).pg_recorder == \
+        "library"
+    with pytest.raises(ConfigError):
+        load_settings(env={"SAGA_DATABASE_URL": PG_URL, "SAGA_PG_RECORDER": "serial"},
+                      cwd=tmp_path)
+
+
+@pytest.mark.parametrize(("kind", "setting"), [(XidOrderedRecorder, "on"),
+                                               (NoWaitXidOrderedRecorder, "off")])
+def test_only_the_no_wait_recorder_commits_without_waiting(
+        schema: str, kind: type[XidOrderedRecorder], setting: str) -> None:
+    """Its insert sets synchronous_commit off for its own transaction (seen here by
+    running the statement inside a transaction of ours), never for the session."""
+    recorder = _recorder(schema, kind=kind)
+    try:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            with conn.transaction():
+                conn.execute(recorder._insert, ([uuid4()], [1], ["t"], [b"x"]))
+                row = conn.execute("SHOW synchronous_commit").fetchone()
+                assert row is not None and row[0] == setting
+            row = conn.execute("SHOW synchronous_commit").fetchone()
+            assert row is not None and row[0] == "on"
+    finally:
+        recorder.datastore.close()
+
+
+def test_the_no_wait_recorder_refuses_to_append_after_a_gap(schema: str) -> None:
+    """What a crash of the server may leave: a writer holding versions the log lost.
+    Its next append, past the gap, fails as a conflict and stores nothing."""
+    recorder = _recorder(schema, kind=NoWaitXidOrderedRecorder)
+    try:
+        a, b = uuid4(), uuid4()
+        recorder.insert_events([StoredEvent(a, 1, "t", b"1"), StoredEvent(a, 2, "t", b"2")])
+        with pytest.raises(IntegrityError):
+            recorder.insert_events([StoredEvent(a, 4, "t", b"4")])
+        with pytest.raises(IntegrityError):  # one gap fails the whole insert
+            recorder.insert_events([StoredEvent(b, 1, "t", b"1"),
+                                    StoredEvent(a, 4, "t", b"4")])
+        recorder.insert_events([StoredEvent(a, 3, "t", b"3"), StoredEvent(a, 4, "t", b"4")])
+        got = recorder.select_notifications(start=None, limit=10)
+        assert [(n.originator_id, n.originator_version) for n in got] == [
+            (a, 1), (a, 2), (a, 3), (a, 4)]
+    finally:
+        recorder.datastore.close()
+
+
+def test_the_no_wait_mode_runs_and_a_lost_tail_is_a_conflict(tmp_path: Path,
+                                                             registry: Registry) -> None:
+    """SAGA_PG_COMMIT=no-wait: runs complete; a worker holding events a crash of the
+    server lost (deleted here) cannot append after them: a conflict, and the run as the
+    log holds it loads and goes on."""
+    plan = {"name": "two", "steps": [{"id": "a", "tool": "effect", "args": {"value": 1}},
+                                     {"id": "b", "tool": "effect", "args": {"value": 2}}]}
+    env = {"SAGA_DATABASE_URL": PG_URL, "SAGA_PG_COMMIT": "no-wait"}
+    with postgres_store() as pg:
+        settings = load_settings(env=env, cwd=tmp_path, schema=pg.schema, actor="tester")
+        with Saga(settings, registry=registry) as saga:
+            assert type(saga.app.recorder) is NoWaitXidOrderedRecorder
+            assert saga.run(saga.load(plan)).status == "completed"
+            held = saga.get(saga.submit(saga.load(plan)).run_id)
+            held.pause("tester", "first")
+            saga.app.save_run(held)
+            held.unpause("tester")
+            saga.app.save_run(held)
+            with psycopg.connect(PG_URL, autocommit=True) as conn:
+                conn.execute(f'DELETE FROM "{pg.schema}".{saga.app.recorder.events_table_name}'
+                             " WHERE originator_id = %s AND originator_version = %s",
+                             (held.id, held.version))
+            held.pause("tester", "after the lost tail")
+            with pytest.raises(ConcurrentWriteError):
+                saga.app.save_run(held)
+            fresh = saga.get(held.run_id)
+            assert (fresh.version, fresh.status) == (held.version - 2, "paused")
+            fresh.unpause("tester")
+            saga.app.save_run(fresh)
+            assert saga.resume(held.run_id).status == "completed"
+    for bad in ({"SAGA_PG_COMMIT": "later"},
+                {"SAGA_PG_COMMIT": "no-wait", "SAGA_PG_RECORDER": "library"}):
+        with pytest.raises(ConfigError):
+            load_settings(env={"SAGA_DATABASE_URL": PG_URL, **bad}, cwd=tmp_path)
+
+
+def test_no_wait_readers_return_only_what_is_flushed(schema: str) -> None:
+    """Inserts do not wait for the WAL flush, so a read that returns events waits for it
+    (after the read, before returning): what a reader acts on survives a crash. An empty
+    read waits for nothing."""
+    recorder = _recorder(schema, kind=NoWaitXidOrderedRecorder)
+    real = recorder.flushed
+    flushes: list[tuple[str, str]] = []
+
+    def spy() -> None:
+        real()
+        with psycopg.connect(PG_URL, autocommit=True) as c:
+            row = c.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
+        assert row is not None
+        flushes.append((str(row[0]), written))
+    recorder.flushed = spy  # type: ignore[method-assign]
+    try:
+        written = ""
+        assert recorder.select_notifications(start=None, limit=10) == []
+        assert recorder.max_notification_id() is None
+        assert flushes == []
+        recorder.insert_events([StoredEvent(uuid4(), 1, "t", b"x")])
+        with psycopg.connect(PG_URL, autocommit=True) as c:
+            row = c.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+        assert row is not None
+        written = str(row[0])
+        assert len(recorder.select_notifications(start=None, limit=10)) == 1
+        assert recorder.max_notification_id() is not None
+        assert len(flushes) == 2
+
+        def lsn(text: str) -> int:
+            high, low = text.split("/")
+            return (int(high, 16) << 32) + int(low, 16)
+        assert all(lsn(flushed) >= lsn(w) for flushed, w in flushes)
+    finally:
+        recorder.datastore.close()
