@@ -23,7 +23,7 @@ from jinja2 import meta, nodes
 from jinja2.exceptions import TemplateSyntaxError
 
 from saga.errors import ExpressionError
-from saga.expressions.interpreter import _compute_source, _free_names, _parse, _plain_result, _run
+from saga.expressions.interpreter import _parse, _plain_result, _run
 from saga.expressions.jinja import (
     _ENV,
     _render_string,
@@ -34,6 +34,7 @@ from saga.expressions.jinja import (
     is_template,
 )
 from saga.expressions.limits import DEFAULT_MAX_STEPS, DEFAULT_SECONDS, configure, time_limit
+from saga.expressions.names import _compute_source, _free_names
 
 __all__ = [
     "DEFAULT_MAX_STEPS",
