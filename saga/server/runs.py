@@ -98,7 +98,7 @@ def health(request: Request) -> JSONResponse:
     body = {"status": "ok", "store": svc.settings.store_description,
             "worker": svc.worker_alive, "version": request.app.version}
     try:
-        body["position"] = svc.saga.app.recorder.max_notification_id() or 0
+        body["position"] = svc.saga.app.probe()
     except Exception as e:
         body.update(status="unavailable", detail=" ".join(str(e).split())[:200])
         return JSONResponse(body, 503)
