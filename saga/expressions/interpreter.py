@@ -172,9 +172,11 @@ class _Interpreter:
         return self.scopes[0]
 
     def held(self, made: Any) -> int:
-        """Bytes the evaluation holds: its names, its copies of the namespace, what it is
-        filling, and ``made`` (a value just made, held by nobody yet)."""
-        return held_bytes(self.scopes, self.copies, self.pending, made, deadline=self.deadline)
+        """Bytes the evaluation holds: its names, what it is filling, and ``made`` (a value
+        just made, held by nobody yet); not the namespace values it read (its inputs,
+        copied as given, whatever names it binds them to)."""
+        return held_bytes(self.scopes, self.pending, made, deadline=self.deadline,
+                          ignore=(*self.copies.values(),))
 
     def grown(self, container: Any, before: int) -> None:
         """Charge what ``container`` grew by since it measured ``before`` bytes."""

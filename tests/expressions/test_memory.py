@@ -165,3 +165,12 @@ def test_the_readme_limits_table_loads_as_shown(tmp_path: Path) -> None:
         run_compute(COMPUTE[0], {})
     assert re.search(r"memory: holds [\d.]+ MiB, past its ceiling of 64 MiB "
                      r"\(\[limits\] max_memory\)", str(caught.value))
+
+
+def test_the_inputs_a_compute_block_reads_are_not_its_own() -> None:
+    """100 MiB given, bound to a name of its own, while the block makes and drops 80 MiB:
+    the measurement that charge sets off finds it holds little of its own."""
+    big = ["v" * 1000000 + str(i) for i in range(100)]
+    code = ("data = big\nfor i in range(80):\n    tmp = 'k' * 1000000 + str(i)\n"
+            "result = len(data)")
+    assert run_compute(code, {"big": big}) == 100
