@@ -499,6 +499,10 @@ def test_validate_answers_0_or_2_like_the_api(home: Path, data: Any, style: str,
 @FUZZ
 @given(data=composition(tools=TOOLS) | graph_composition(), pairs=input_pairs,
        as_json=st.booleans())
+# A graph whose edges were a number: TypeError from the reachability check, exit 1.
+@example(data={"id": "g", "name": "graph", "entry_point": "R", "nodes": [
+    {"id": "R", "type": "task", "task_config": {"role": "echo", "task_template": "{input}"}}],
+    "edges": 12}, pairs=[], as_json=False)
 def test_a_dry_run_records_nothing(home: Path, data: Any, pairs: list[str],
                                    as_json: bool) -> None:
     path = as_file(data, home, "json")
