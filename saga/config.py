@@ -103,6 +103,9 @@ class Settings:
     #: 1,000,000).
     expression_max_value_size: int | None = None
     expression_max_items: int | None = None
+    #: Bytes one evaluation may hold (``[limits] max_memory``, an integer or a string such
+    #: as ``"64MiB"``; None: the built-in 64 MiB).
+    expression_max_memory: int | None = None
     #: Limits per queue (saga.toml ``[queues.NAME]``); a queue not named has none.
     queues: dict[str, QueueLimit] = field(default_factory=dict)
     #: PostgreSQL recorder: "xid" (no table lock; see saga.store.pg_recorder; the
@@ -122,7 +125,8 @@ class Settings:
         """The ``[limits]`` settings as :func:`saga.expressions.configure` takes them."""
         return {"seconds": self.expression_seconds,
                 "max_value_size": self.expression_max_value_size,
-                "max_items": self.expression_max_items}
+                "max_items": self.expression_max_items,
+                "max_memory": self.expression_max_memory}
 
     @property
     def is_postgres(self) -> bool:
@@ -253,6 +257,7 @@ def load_settings(env: Mapping[str, str] | None = None, cwd: Path | None = None,
             expression_max_value_size=_int_or_none((data.get("limits") or {})
                                                    .get("max_value_size")),
             expression_max_items=_int_or_none((data.get("limits") or {}).get("max_items")),
+            expression_max_memory=_bytes_or_none((data.get("limits") or {}).get("max_memory")),
             secrets_allow=tuple(str(n) for n in (data.get("secrets") or {}).get("allow", [])
                                 if isinstance(data.get("secrets"), dict)),
             queues=parse_queues(data.get("queues")),
@@ -305,3 +310,17 @@ def _partitions(env_value: str | None, table_value: Any) -> tuple[str, ...]:
 
 def _int_or_none(value: Any) -> int | None:
     return None if value is None else int(value)
+
+
+_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def _bytes_or_none(value: Any) -> int | None:
+    """A byte count: an integer, or a string such as ``"64MiB"`` (KiB, MiB, GiB)."""
+    if value is None or isinstance(value, int):
+        return value
+    number = str(value).strip().rstrip("BbIiKkMmGg ")
+    unit = str(value).strip()[len(number):].strip().lower()
+    if unit not in _UNITS or not number.isdigit():
+        raise ValueError(f"max_memory {value!r}: write bytes, or a number with KiB, MiB or GiB")
+    return int(number) * _UNITS[unit]

@@ -260,8 +260,14 @@ class Worker:
         active: dict[str, asyncio.Task[None]] = {}
         failures = 0  # rounds in a row that found the store unreachable
         while not stop():
+            for run_id, task in list(active.items()):
+                if task.done():
+                    active.pop(run_id)
             try:
-                claimed, held = self._look(active)
+                # In a thread: while the store is gone, each of its calls rides out the
+                # outage for up to reconnect_seconds, and the loop must keep driving the
+                # runs it has (their steps, their lease renewals) meanwhile.
+                started, held = await asyncio.to_thread(self._look, set(active))
             except StoreUnavailableError as e:
                 # Each store call already rode out what it could; wait, then look again.
                 failures += 1
@@ -272,6 +278,9 @@ class Worker:
             if failures:
                 log.warning("worker %s: the store is back", self.worker_id)
                 failures = 0
+            for run_id in started:
+                active[run_id] = asyncio.ensure_future(self._drive(run_id))
+            claimed = len(started)
             # A run held back only by its queue's rate is work this worker can do itself
             # once the period passes; one held back by a full queue waits for the runs
             # other workers drive, and is not runnable now.
@@ -282,11 +291,11 @@ class Worker:
             task.cancel()
         return self.driven
 
-    def _look(self, active: dict[str, asyncio.Task[None]]) -> tuple[int, dict[str, Claim]]:
-        """One look for work: fire due schedules (once per poll interval, not on every
-        completion), follow the log, claim what is runnable within its queue's limits (up
-        to ``concurrency`` drives); how many runs were claimed, and the queues found at a
-        limit (full or rate)."""
+    def _look(self, driving: set[str]) -> tuple[list[str], dict[str, Claim]]:
+        """One look for work, beside the runs ``driving``: fire due schedules (once per
+        poll interval, not on every completion), follow the log, claim what is runnable
+        within its queue's limits (up to ``concurrency`` drives); the runs claimed, to be
+        driven, and the queues found at a limit (full or rate)."""
         if self.tick is not None and time.monotonic() >= self._next_tick:
             self._next_tick = time.monotonic() + self.poll_interval
             try:
@@ -295,10 +304,8 @@ class Worker:
                 raise
             except Exception:  # a broken schedule must not stop the worker's runs
                 log.exception("firing due schedules failed")
-        for run_id, task in list(active.items()):
-            if task.done():
-                active.pop(run_id)
-        claimed = 0
+        active = set(driving)  # and those claimed in this look
+        started: list[str] = []
         held: dict[str, Claim] = {}
         if len(active) < self.concurrency:  # full: nothing could be claimed anyway
             self.index.refresh()
@@ -318,16 +325,15 @@ class Worker:
             if limit is None or not limit.limited:
                 wanted.append(run_id)  # claimed with the others, in one commit
             elif self._claim(run_id, queue, limit, start, held) == "claimed":
-                claimed += 1
                 self.index.claimed(run_id)
-                active[run_id] = asyncio.ensure_future(self._drive(run_id))
+                active.add(run_id)
+                started.append(run_id)
         queues: list[str | None] = [self._queue_of(r)[0] for r in wanted]
         for run_id in self.leases.claim_many(wanted, self.worker_id, self.lease_seconds,
                                              queues):
-            claimed += 1
             self.index.claimed(run_id)
-            active[run_id] = asyncio.ensure_future(self._drive(run_id))
-        return claimed, held
+            started.append(run_id)
+        return started, held
 
     @staticmethod
     async def _pause(active: dict[str, asyncio.Task[None]], seconds: float) -> None:

@@ -250,6 +250,159 @@ def composition(draw: st.DrawFn, *, tools: list[str] = SAFE_TOOLS) -> Any:
     return data
 
 
+# -- the graph form (seed 004) ---------------------------------------------------------------
+
+TASK_TEMPLATES = ["Do {input}", "{input}", "x {x}", "{}", "{0}", "{x.attr}", "{", "}",
+                  "{{literal}}", "{n:>5}", "{input:>99999999}", "{x[key]}", "", "{input!r}",
+                  "{input:{input}}", "{{ inputs.x }}"]
+OPERATORS = ["==", "!=", ">", "<", ">=", "<=", "in", "not_in", "contains", "starts_with",
+             "ends_with", "=~", ""]
+NODE_TYPES = ["task", "task", "gate", "branch", "merge", "parallel", "human", "subgraph",
+              "nope"]
+
+
+def odd(draw: st.DrawFn, usual: Any, unusual: Any) -> Any:
+    """Mostly ``usual``, one time in twelve ``unusual`` (so that many graphs get past
+    validation and run, and every check is still tried)."""
+    return draw(unusual if draw(st.integers(0, 11)) == 0 else usual)
+
+
+@st.composite
+def condition(draw: st.DrawFn, loop: bool = False) -> dict[str, Any]:
+    cond: dict[str, Any] = {
+        "field": odd(draw, st.sampled_from(["branch_outcome", "passed", "approved",
+                                            "test_status", "input", "x"]), text),
+        "operator": odd(draw, st.sampled_from(OPERATORS[:-2]), st.sampled_from(OPERATORS)),
+        "value": odd(draw, st.sampled_from(["on_true", "on_false", True, "passed", 1]),
+                     scalar)}
+    if loop:
+        cond["max_iterations"] = odd(draw, st.integers(1, 3), number)
+    return cond
+
+
+@st.composite
+def graph_node(draw: st.DrawFn, nid: str, ids: list[str]) -> dict[str, Any]:
+    kind = odd(draw, st.sampled_from(NODE_TYPES[:-1]), st.sampled_from(NODE_TYPES))
+    node: dict[str, Any] = {"id": nid, "type": kind}
+    if kind == "task":
+        config: dict[str, Any] = {
+            "role": odd(draw, st.sampled_from(SAFE_TOOLS), st.just("nope")),
+            "task_template": odd(draw, st.sampled_from(TASK_TEMPLATES[:2]),
+                                 st.one_of(st.sampled_from(TASK_TEMPLATES), text))}
+        if draw(st.integers(0, 5)) == 0:
+            config["worktree_id"] = draw(text)
+        if draw(st.integers(0, 3)) == 0:
+            config["gates"] = draw(st.lists(st.sampled_from([*SAFE_TOOLS, "nope"]), max_size=2))
+        if draw(st.integers(0, 4)) == 0:
+            config["retry"] = {"max_attempts": draw(st.integers(1, 3)), "delay": 0.001}
+        if draw(st.integers(0, 4)) == 0:
+            config["compensate"] = {"tool": draw(st.sampled_from(SAFE_TOOLS))}
+        node["task_config"] = config
+    elif kind == "gate":
+        node["gate_config"] = {"gate_type": odd(draw, st.sampled_from(SAFE_TOOLS),
+                                                st.just("nope"))}
+        if draw(st.integers(0, 5)) == 0:
+            node["gate_config"]["auto_approve"] = draw(st.booleans())
+    elif kind == "branch":
+        node["branch_config"] = {"condition": draw(condition(loop=True)),
+                                 "on_true": draw(st.sampled_from([*ids, "gone"])),
+                                 "on_false": draw(st.sampled_from([*ids, "gone"]))}
+    elif kind == "merge":
+        node["merge_config"] = {
+            "wait_for": odd(draw, st.sampled_from(["all", "any"]), st.sampled_from(["first", 1])),
+            "merge_strategy": odd(draw, st.sampled_from(["union", "intersection", "first"]),
+                                  st.just("x"))}
+    elif kind == "parallel":
+        node["parallel_config"] = {
+            "branches": draw(st.lists(st.sampled_from([*ids, "gone"]), max_size=3)),
+            "wait_for": odd(draw, st.just("all"), st.sampled_from(["any", "first", "x"]))}
+    elif kind == "human":
+        node["human_config"] = {"title": draw(text), "description": draw(text)}
+    elif kind == "subgraph":
+        node["subgraph_config"] = {"workflow_name": draw(st.one_of(st.just("nope"), text)),
+                                   "input_mapping": draw(st.dictionaries(text, text,
+                                                                         max_size=2))}
+    if draw(st.integers(0, 5)) == 0:
+        node["label"] = odd(draw, text, value)
+    if draw(st.integers(0, 5)) == 0:
+        node["ui_metadata"] = odd(draw, st.dictionaries(text, scalar, max_size=2), value)
+    return node
+
+
+@st.composite
+def graph_composition(draw: st.DrawFn) -> Any:
+    """A seed 004 graph: mostly forward edges (some conditional), now and then a loop
+    edge back to an earlier node, odd node settings; sometimes mutated."""
+    ids = draw(st.lists(step_id, min_size=1, max_size=6, unique=True))
+    nodes = [draw(graph_node(nid, ids)) for nid in ids]
+    edges: list[dict[str, Any]] = []
+    for i, source in enumerate(ids):
+        later = ids[i + 1:]
+        targets = draw(st.lists(st.sampled_from(later), max_size=2, unique=True)) \
+            if later else []
+        if later and not any(e["target"] == later[0] for e in edges) \
+                and later[0] not in targets:
+            targets.append(later[0])  # every node reachable, mostly
+        if nodes[i]["type"] == "parallel":  # mostly branches that are its own edges
+            nodes[i]["parallel_config"]["branches"] = odd(
+                draw, st.just(targets), st.just(nodes[i]["parallel_config"]["branches"]))
+        if nodes[i]["type"] == "branch" and later:  # mostly: both outcomes have an edge
+            targets = list(dict.fromkeys([*targets, *later[:2]]))
+            config = nodes[i]["branch_config"]
+            config["on_true"] = odd(draw, st.just(targets[0]), st.just(config["on_true"]))
+            config["on_false"] = odd(draw, st.just(targets[-1]), st.just(config["on_false"]))
+        for target in targets:
+            edge: dict[str, Any] = {"id": f"e{len(edges)}", "source": source,
+                                    "target": target}
+            if draw(st.integers(0, 3)) == 0:
+                edge["condition"] = draw(condition())
+            edges.append(edge)
+        if i and draw(st.integers(0, 5)) == 0:  # a loop back
+            back = odd(draw, st.just(ids[0]), st.sampled_from(ids[:i]))
+            edges.append({"id": f"e{len(edges)}", "source": source, "target": back,
+                          "is_loop_edge": True, "condition": draw(condition())})
+            if nodes[i]["type"] == "branch":
+                nodes[i]["branch_config"]["on_false"] = back
+    for i, node in enumerate(nodes):  # a merge mostly has two ways in
+        sources = [e["source"] for e in edges if e["target"] == ids[i]]
+        for source in ids[:i]:
+            if node["type"] == "merge" and len(sources) < 2 and source not in sources:
+                sources.append(source)
+                edges.append({"id": f"e{len(edges)}", "source": source, "target": ids[i]})
+    data: dict[str, Any] = {"id": odd(draw, st.just("g"), text),
+                            "name": odd(draw, st.just("graph"), text),
+                            "entry_point": odd(draw, st.just(ids[0]),
+                                               st.sampled_from([*ids, "gone"])),
+                            "nodes": nodes, "edges": edges}
+    if draw(st.booleans()):
+        data["exit_points"] = odd(draw, st.just([ids[-1]]),
+                                  st.lists(st.sampled_from([*ids, "gone"]), max_size=2))
+    if draw(st.booleans()):
+        data["config"] = {"max_parallel_nodes": odd(draw, st.integers(1, 4), number),
+                          "fail_fast": odd(draw, st.booleans(), value)}
+    for _ in range(draw(st.integers(0, 2)) if draw(st.integers(0, 2)) == 0 else 0):
+        with contextlib.suppress(KeyError, IndexError, TypeError, AttributeError):
+            draw(st.sampled_from(GRAPH_MUTATIONS))(data, draw)
+    return data
+
+
+GRAPH_MUTATIONS = [
+    lambda d, draw: d.pop(draw(st.sampled_from(["nodes", "edges", "entry_point", "name"]))),
+    lambda d, draw: d.__setitem__(draw(st.sampled_from(["nodes", "edges", "entry_point",
+                                                        "exit_points", "config"])), draw(value)),
+    lambda d, draw: d["nodes"].append(dict(draw(st.sampled_from(d["nodes"])))),  # duplicate
+    lambda d, draw: d["edges"].append(dict(draw(st.sampled_from(d["edges"])))),  # duplicate
+    lambda d, draw: draw(st.sampled_from(d["nodes"])).__setitem__(
+        draw(st.sampled_from(["type", "id", "task_config", "gate_config", "branch_config",
+                              "merge_config", "parallel_config", "human_config"])),
+        draw(st.one_of(value, number))),
+    lambda d, draw: draw(st.sampled_from(d["edges"])).__setitem__(
+        draw(st.sampled_from(["source", "target", "condition", "is_loop_edge"])),
+        draw(st.one_of(value, st.sampled_from([n["id"] for n in d["nodes"]])))),
+    lambda d, draw: d.__setitem__("steps", [{"id": "a", "tool": "noop"}]),  # both forms
+]
+
+
 def as_file(data: Any, folder: Path, style: str) -> Path:
     """Write generated data the way a user would: JSON, YAML, or the raw text."""
     path = folder / f"c-{uuid.uuid4().hex[:10]}.{'json' if style != 'yaml' else 'yaml'}"
@@ -317,7 +470,8 @@ def api_says(path: Path, pairs: list[str] | None = None) -> int:
 
 
 input_pairs = st.lists(st.one_of(
-    st.builds(lambda k, v: f"{k}={v}", st.sampled_from(["x", "y", "items", "zz", ""]),
+    st.builds(lambda k, v: f"{k}={v}", st.sampled_from(["x", "y", "items", "zz", "",
+                                                        "input"]),
               st.one_of(text, st.sampled_from(['[1, 2]', '{"a": 1}', "3", "1e999", "NaN",
                                                "true", "[[[[]]]]", '"q"']))),
     text), max_size=3)
@@ -326,8 +480,8 @@ input_pairs = st.lists(st.one_of(
 
 
 @FUZZ
-@given(data=composition(tools=TOOLS), style=st.sampled_from(["json", "yaml", "raw"]),
-       as_json=st.booleans())
+@given(data=composition(tools=TOOLS) | graph_composition(),
+       style=st.sampled_from(["json", "yaml", "raw"]), as_json=st.booleans())
 @example(data={"name": "n", "steps": [{"id": "a", "tool": "echo",
                                         "args": {"x": "\ud800"}}]}, style="json", as_json=False)
 @example(data={"name": "n", "steps": [{"id": "a", "tool": "echo", "args": {"x": math.nan}}]},
@@ -343,7 +497,12 @@ def test_validate_answers_0_or_2_like_the_api(home: Path, data: Any, style: str,
 
 
 @FUZZ
-@given(data=composition(tools=TOOLS), pairs=input_pairs, as_json=st.booleans())
+@given(data=composition(tools=TOOLS) | graph_composition(), pairs=input_pairs,
+       as_json=st.booleans())
+# A graph whose edges were a number: TypeError from the reachability check, exit 1.
+@example(data={"id": "g", "name": "graph", "entry_point": "R", "nodes": [
+    {"id": "R", "type": "task", "task_config": {"role": "echo", "task_template": "{input}"}}],
+    "edges": 12}, pairs=[], as_json=False)
 def test_a_dry_run_records_nothing(home: Path, data: Any, pairs: list[str],
                                    as_json: bool) -> None:
     path = as_file(data, home, "json")
@@ -357,7 +516,7 @@ def test_a_dry_run_records_nothing(home: Path, data: Any, pairs: list[str],
 
 
 @FUZZ
-@given(data=valid_composition() | composition(), pairs=input_pairs)
+@given(data=valid_composition() | composition() | graph_composition(), pairs=input_pairs)
 # A lone surrogate (JSON writes "\ud800") passed validation, then the run's first event
 # could not be encoded: exit 1 from the catch-all. Now refused up front, like a NUL.
 @example(data={"name": "s", "steps": [{"id": "A", "tool": "echo",

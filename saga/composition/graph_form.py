@@ -139,7 +139,9 @@ def compile_graph(data: dict[str, Any], *, tools: Any = None,
     raw: list[Any] = data["nodes"] if isinstance(data.get("nodes"), list) else []
     ids = [(i, n["id"]) for i, n in enumerate(raw)
            if isinstance(n, dict) and isinstance(n.get("id"), str)]
-    reach = len(edges) == len(data.get("edges") or [])  # judged only with every edge read
+    raw_edges = data.get("edges") or []
+    # Reachability is judged only with every edge read (edges: 12 is not a list of any).
+    reach = isinstance(raw_edges, list) and len(edges) == len(raw_edges)
     exits = graph_problems(entry if isinstance(entry, str) else None, given, ids, nodes,
                             edges, tools, problems, reach)
     if problems:

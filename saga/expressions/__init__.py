@@ -20,9 +20,10 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from saga.errors import ExpressionError
-from saga.expressions.interpreter import _compute_source, _free_names, _parse, _plain_result, _run
+from saga.expressions.interpreter import _parse, _plain_result, _run
 from saga.expressions.limits import DEFAULT_MAX_STEPS, DEFAULT_SECONDS, configure, time_limit
 from saga.expressions.markers import _template_strings, _whole_template, is_template
+from saga.expressions.names import _compute_source, _free_names
 from saga.lazy import lazy
 
 # Jinja2 loads with the first template: plain values and conditions never need it.

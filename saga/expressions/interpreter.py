@@ -7,10 +7,10 @@ from __future__ import annotations
 import ast
 import copy
 import operator
-import textwrap
+import sys
 import types
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
 from functools import lru_cache
 from typing import Any
 
@@ -18,6 +18,7 @@ from saga.errors import ExpressionError, ExpressionLimit
 from saga.expressions.limits import (
     _PLAIN,
     _PY_ERRORS,
+    Meter,
     _add,
     _format,
     _keyless,
@@ -28,12 +29,14 @@ from saga.expressions.limits import (
     _pow,
     _range,
     _Refusal,
+    _sampled_size,
     _str,
     _sum,
     _TooLarge,
     _walk,
     budget,
     check_time,
+    held_bytes,
 )
 from saga.expressions.modules import CALLABLES, MODULES, VALUE_MEMBERS, SafeModule, import_problem
 
@@ -79,6 +82,19 @@ _SAFE_BUILTINS: dict[str, Any] = {
 
 
 _SAFE_CALLABLES = frozenset(id(f) for f in _SAFE_BUILTINS.values())
+#: Builtins that fill a new container from an iterable: given an iterator, the interpreter
+#: fills the list itself, where the memory meter sees it grow.
+_FILLING = frozenset(id(_SAFE_BUILTINS[name]) for name in ("list", "tuple", "set", "dict",
+                                                           "sorted"))
+#: Calls whose result is (usually) a value that already existed: not charged as new.
+_FINDING = frozenset(id(_SAFE_BUILTINS[name]) for name in ("min", "max"))
+_FINDING_METHODS = frozenset({"get", "pop", "index", "count", "find", "rfind"})
+#: Nodes whose value is newly made (a name or an item read is not, a slice is): charged
+#: to the meter.
+_SIZED = frozenset({str, bytes, list, tuple, dict, set, frozenset})
+_MAKING: frozenset[type[ast.AST]] = frozenset({
+    ast.BinOp, ast.Call, ast.List, ast.Tuple, ast.Set, ast.Dict, ast.JoinedStr,
+    ast.FormattedValue, ast.Subscript})  # comprehensions are charged as they fill
 # YAML and JSON spellings of the constants, so `when: "x == true"` reads as users expect.
 
 
@@ -106,6 +122,9 @@ class _Interpreter:
         self.source, self.namespace, self.max_steps = source, namespace, max_steps
         self.deadline = deadline
         self.steps = 0
+        self.meter = Meter(self.held, source)
+        self.fresh = True  # whether the last call made its result (see _FINDING)
+        self.pending: list[Any] = []  # containers being filled, held by no name yet
         self.copies: dict[str, Any] = {}  # namespace values read so far, deep-copied
         self.scopes: list[dict[str, Any]] = [{}]  # block locals, then comprehension scopes
         v = self.visit
@@ -152,6 +171,17 @@ class _Interpreter:
     def locals(self) -> dict[str, Any]:
         return self.scopes[0]
 
+    def held(self, made: Any) -> int:
+        """Bytes the evaluation holds: its names, what it is filling, and ``made`` (a value
+        just made, held by nobody yet); not the namespace values it read (its inputs,
+        copied as given, whatever names it binds them to)."""
+        return held_bytes(self.scopes, self.pending, made, deadline=self.deadline,
+                          ignore=(*self.copies.values(),))
+
+    def grown(self, container: Any, before: int) -> None:
+        """Charge what ``container`` grew by since it measured ``before`` bytes."""
+        self.meter.charge(sys.getsizeof(container) - before)
+
     def _import(self, node: ast.Import | ast.ImportFrom) -> None:
         # Checked statically (see _node_problem): only MODULES and their members.
         for alias in node.names:
@@ -169,11 +199,12 @@ class _Interpreter:
                                   f"{self.max_steps} evaluated nodes", self.source)
         if not self.steps & 1023:  # the clock, every 1,024 nodes: cheap, and soon enough
             check_time(self.deadline, self.source)
-        handler = self.handlers.get(type(node))
+        kind = type(node)
+        handler = self.handlers.get(kind)
         if handler is None:
             raise self.error(node, f"{_describe(node)} is not allowed")
         try:
-            return handler(node)
+            value = handler(node)
         except RecursionError:
             raise
         except _TooLarge as exc:
@@ -185,6 +216,14 @@ class _Interpreter:
             segment = ast.get_source_segment(self.source, node) or _describe(node)
             at = "" if segment == self.source else f" at {segment!r}"
             raise self.error(node, f"{type(exc).__name__}: {exc}{at}") from None
+        if kind in _MAKING and type(value) in _SIZED and (
+                self.fresh if kind is ast.Call else kind is not ast.Subscript
+                or type(node.slice) is ast.Slice):  # type: ignore[attr-defined]
+            meter = self.meter
+            meter.charged += sys.getsizeof(value) if type(value) is str else _sampled_size(value)
+            if meter.charged > meter.threshold:
+                meter.measure(value)
+        return value
 
     def error(self, node: ast.AST, message: str) -> ExpressionError:
         """An ExpressionError for ``node``, naming where it is in the source."""
@@ -208,10 +247,12 @@ class _Interpreter:
     def _aug_assign(self, node: ast.AugAssign) -> None:
         op, target = _BINOPS[type(node.op)], node.target
         if isinstance(target, ast.Name):
-            self.locals[target.id] = op(self.visit(target), self.visit(node.value))
+            value = self.locals[target.id] = op(self.visit(target), self.visit(node.value))
+            self.meter.charge_value(value)
         elif isinstance(target, ast.Subscript):
             container, key = self.container(target)
-            container[key] = op(container[key], self.visit(node.value))
+            value = container[key] = op(container[key], self.visit(node.value))
+            self.meter.charge_value(value)
         else:
             raise _Refusal(f"assigning to {_describe(target)} is not allowed")
 
@@ -242,7 +283,9 @@ class _Interpreter:
                 self.bind(element, item, scope)
         elif isinstance(target, ast.Subscript):
             container, key = self.container(target)
+            before = sys.getsizeof(container)
             container[key] = value
+            self.grown(container, before)
         else:
             raise _Refusal(f"assigning to {_describe(target)} is not allowed")
 
@@ -348,11 +391,42 @@ class _Interpreter:
         owner = getattr(func, "__self__", None)
         if isinstance(func, types.BuiltinMethodType) and func.__name__ in _METHODS.get(
                 type(owner), ()):
+            if func.__name__ in {"join", "extend"} and args:
+                args[0] = self.fill(args[0])
             args = _method_args(owner, func.__name__, args, kwargs)
+            if type(owner) is list:  # append, extend, insert grow it in place
+                before = sys.getsizeof(owner)
+                result = func(*args, **kwargs)
+                self.meter.charge(sys.getsizeof(owner) - before)
+                self.fresh = func.__name__ not in _FINDING_METHODS
+                return result
+            fresh = func.__name__ not in _FINDING_METHODS
         elif id(func) not in _SAFE_CALLABLES and id(func) not in CALLABLES \
                 and not isinstance(func, SafeModule):
             raise _Refusal(f"calling a {type(func).__name__} is not allowed")
-        return func(*args, **kwargs)
+        else:
+            if id(func) in _FILLING and args:
+                args[0] = self.fill(args[0])
+            fresh = id(func) not in _FINDING
+        result = func(*args, **kwargs)
+        self.fresh = fresh
+        return result
+
+    def fill(self, iterable: Any) -> Any:
+        """``iterable`` as a list filled here, when it is an iterator (a C function filling
+        a list from a generator would hold what it made where the meter cannot see it)."""
+        if isinstance(iterable, Sized):
+            return iterable
+        items: list[Any] = []
+        self.pending.append(items)
+        try:
+            for item in iterable:
+                before = sys.getsizeof(items)
+                items.append(item)
+                self.grown(items, before)
+        finally:
+            self.pending.pop()
+        return items
 
     # comprehensions: each runs in a scope of its own
 
@@ -371,13 +445,22 @@ class _Interpreter:
     def _comprehension(self, node: ast.ListComp | ast.SetComp | ast.DictComp) -> Any:
         scope: dict[str, Any] = {}
         self.scopes.append(scope)
+        result: Any = {} if isinstance(node, ast.DictComp) else set() if isinstance(
+            node, ast.SetComp) else []
+        self.pending.append(result)  # what it holds so far counts against max_memory
         try:
-            each = self.bindings(node.generators, scope)
-            if isinstance(node, ast.DictComp):
-                return {self.visit(node.key): self.visit(node.value) for _ in each}
-            values = (self.visit(node.elt) for _ in each)
-            return set(values) if isinstance(node, ast.SetComp) else list(values)
+            for _ in self.bindings(node.generators, scope):
+                before = sys.getsizeof(result)
+                if isinstance(node, ast.DictComp):
+                    result[self.visit(node.key)] = self.visit(node.value)
+                elif isinstance(node, ast.SetComp):
+                    result.add(self.visit(node.elt))
+                else:
+                    result.append(self.visit(node.elt))
+                self.grown(result, before)
+            return result
         finally:
+            self.pending.pop()
             self.scopes.pop()
 
     def _generator_exp(self, node: ast.GeneratorExp) -> Iterator[Any]:
@@ -494,65 +577,6 @@ def _plain_result(value: Any, source: str, where: str) -> Any:
     except _Refusal as exc:
         raise ExpressionError(f"{where} {exc}", source) from None
     return value
-
-
-class _FreeNames(ast.NodeVisitor):
-    """Names read before the block binds them; comprehension targets stay local."""
-
-    def __init__(self) -> None:
-        self.free: set[str] = set()
-        self.bound: set[str] = set()
-
-    def visit_Name(self, node: ast.Name) -> None:
-        if not isinstance(node.ctx, ast.Load):
-            self.bound.add(node.id)
-        elif node.id not in self.bound:
-            self.free.add(node.id)
-
-    def visit_Assign(self, node: ast.Assign | ast.AugAssign | ast.AnnAssign) -> None:
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-        if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name) \
-                and node.target.id not in self.bound:
-            self.free.add(node.target.id)  # `x += 1` reads x first
-        for child in (node.value, *targets):
-            if child is not None:
-                self.visit(child)
-
-    visit_AugAssign = visit_AnnAssign = visit_Assign
-
-    def visit_Import(self, node: ast.Import | ast.ImportFrom) -> None:
-        self.bound |= {alias.asname or alias.name for alias in node.names}
-
-    visit_ImportFrom = visit_Import
-
-    def visit_For(self, node: ast.For) -> None:
-        for child in (node.iter, node.target, *node.body, *node.orelse):
-            self.visit(child)
-
-    def visit_ListComp(self, node: ast.ListComp | ast.SetComp | ast.DictComp
-                       | ast.GeneratorExp) -> None:
-        outer = set(self.bound)
-        for generator in node.generators:
-            for child in (generator.iter, generator.target, *generator.ifs):
-                self.visit(child)
-        for child in (node.key, node.value) if isinstance(node, ast.DictComp) else (node.elt,):
-            self.visit(child)
-        self.bound = outer
-
-    visit_SetComp = visit_GeneratorExp = visit_DictComp = visit_ListComp
-
-
-def _free_names(source: str, mode: str) -> set[str]:
-    tree, problems = _parse(source, mode)
-    if tree is None:
-        raise ExpressionError(f"{problems[0]} in {source!r}", source)
-    finder = _FreeNames()
-    finder.visit(tree)
-    return finder.free - set(_SAFE_BUILTINS) - set(_CONSTANTS)
-
-
-def _compute_source(code: str) -> str:
-    return textwrap.dedent(code).strip()
 
 
 # -- the Jinja sandbox ----------------------------------------------------------------------

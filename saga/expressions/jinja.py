@@ -3,13 +3,15 @@ names, almost no globals, and size-checked ``*``/``**``/``%``."""
 
 from __future__ import annotations
 
+import inspect
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
 
 from jinja2 import StrictUndefined, Template, nodes
+from jinja2.compiler import CodeGenerator, Frame
 from jinja2.environment import TemplateExpression
 from jinja2.exceptions import SecurityError, TemplateError, TemplateSyntaxError
 from jinja2.runtime import Context
@@ -22,24 +24,45 @@ from saga.expressions.interpreter import (
 )
 from saga.expressions.limits import (
     _DEADLINE,
+    _METER,
     _PY_ERRORS,
+    Meter,
+    _add,
+    _limit,
     _mod,
     _mul,
     _pow,
     _Refusal,
+    _str,
     _TooLarge,
     _walk,
     budget,
+    charge,
     check_time,
     guarded,
+    held_bytes,
 )
 from saga.expressions.markers import _whole_template
 
 
-class _Sandbox(ImmutableSandboxedEnvironment):
-    """The immutable sandbox, reading dict keys before attributes and checking sizes."""
+class _CheckedCodeGenerator(CodeGenerator):
+    """Compiles ``~`` to the sandbox's size-checked join (Jinja's own joins unchecked: a
+    macro calling itself with ``x ~ x`` doubles a string per call)."""
 
-    intercepted_binops = frozenset({"*", "**", "%"})
+    def visit_Concat(self, node: nodes.Concat, frame: Frame) -> None:
+        self.write("environment.checked_concat((")
+        for arg in node.nodes:
+            self.visit(arg, frame)
+            self.write(", ")
+        self.write("))")
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """The immutable sandbox, reading dict keys before attributes, checking sizes, and
+    charging what its operators make to the template's memory meter."""
+
+    intercepted_binops = frozenset({"+", "*", "**", "%"})
+    code_generator_class = _CheckedCodeGenerator
 
     def getattr(self, obj: Any, attribute: str) -> Any:
         if isinstance(obj, dict) and attribute in obj:
@@ -47,7 +70,13 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         return super().getattr(obj, attribute)
 
     def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
-        return {"*": _mul, "**": _pow, "%": _mod}[operator](left, right)
+        return charge({"+": _add, "*": _mul, "**": _pow, "%": _mod}[operator](left, right))
+
+    def checked_concat(self, values: tuple[Any, ...]) -> str:
+        """``a ~ b ~ ...``: the values as text, joined within the size limit."""
+        parts = [_str(value) for value in values]
+        _limit(sum(map(len, parts)), limits._MAX_SIZE, "concatenation (~)")
+        return charge("".join(parts))
 
 
 class _CheckedRange(Sequence[int]):
@@ -130,9 +159,27 @@ def _template_errors(source: str) -> Iterator[None]:
                               source) from None
 
 
+def _held_by_frames(entry: Any, namespace: Mapping[str, Any]) -> Callable[[Any], int]:
+    """What a template holds: the locals of every frame between ``entry`` (where the
+    rendering started) and the caller (a compiled template keeps its variables, and each
+    macro call its arguments, in frame locals), less the namespace it was given."""
+    given = (namespace, *namespace.values())
+
+    def held(made: Any) -> int:
+        frame, roots = inspect.currentframe(), [made]
+        frame = frame.f_back if frame is not None else None  # not this function's locals
+        while frame is not None and frame is not entry:
+            roots.append(frame.f_locals)
+            frame = frame.f_back
+        return held_bytes(*roots, ignore=given, deadline=_DEADLINE.get())
+
+    return held
+
+
 def _render_string(source: str, namespace: Mapping[str, Any]) -> Any:
     deadline = budget()
     token = _DEADLINE.set(deadline)
+    meter = _METER.set(Meter(_held_by_frames(inspect.currentframe(), namespace), source))
     try:
         with _template_errors(source):
             expression = _native_expression(source)
@@ -140,6 +187,7 @@ def _render_string(source: str, namespace: Mapping[str, Any]) -> Any:
                 return _bounded_text(source, namespace, deadline)
             return _plain_template_value(expression(dict(namespace)))
     finally:
+        _METER.reset(meter)
         _DEADLINE.reset(token)
 
 
@@ -155,7 +203,7 @@ def _bounded_text(source: str, namespace: Mapping[str, Any], deadline: float) ->
             raise ExpressionLimit(f"expression limit: the template makes more than "
                                   f"{limits._MAX_SIZE} characters (max_value_size)", source)
         check_time(deadline, source)
-        parts.append(part)
+        parts.append(charge(part))
     return "".join(parts)
 
 

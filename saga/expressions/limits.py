@@ -6,10 +6,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from itertools import chain, islice
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from saga.errors import ExpressionLimit
 from saga.lazy import lazy
@@ -23,6 +25,8 @@ else:
 #: inside: a CPU-bound block is stopped, never killed from outside).
 DEFAULT_SECONDS = 2.0
 DEFAULT_MAX_STEPS = 1_000_000  # nodes a condition or compute block may visit
+#: Bytes one evaluation may hold (``[limits] max_memory``): see :class:`Meter`.
+DEFAULT_MAX_MEMORY = 64 * 2**20
 
 
 _MAX_REPEAT = 1_000_000  # items/characters a `*` repetition may produce
@@ -202,19 +206,25 @@ def _format(value: Any, spec: str) -> str:
 #: The evaluation's deadline (a ``time.monotonic()`` value), for what runs inside it.
 _DEADLINE: ContextVar[float | None] = ContextVar("saga_expression_deadline", default=None)
 _SECONDS = [DEFAULT_SECONDS]
+_MAX_MEMORY = [DEFAULT_MAX_MEMORY]
 
 
 def configure(seconds: float | None = None, *, max_value_size: int | None = None,
-              max_items: int | None = None) -> None:
+              max_items: int | None = None, max_memory: int | None = None) -> None:
     """Set the limits of every evaluation in this process (saga.toml ``[limits]``): the
     wall-clock budget (``expression_seconds``), the largest string or collection an
-    operation may make (``max_value_size``), and how many items one value may nest or a
-    repetition may make (``max_items``)."""
+    operation may make (``max_value_size``), how many items one value may nest or a
+    repetition may make (``max_items``), and the bytes one evaluation may hold
+    (``max_memory``)."""
     global _MAX_SIZE, _MAX_REPEAT
     if seconds is not None:
         if seconds <= 0:
             raise ValueError("expression_seconds must be positive")
         _SECONDS[0] = float(seconds)
+    if max_memory is not None:
+        if max_memory < 2**20:
+            raise ValueError("max_memory must be at least 1 MiB (1048576 bytes)")
+        _MAX_MEMORY[0] = max_memory
     for name, value in (("max_value_size", max_value_size), ("max_items", max_items)):
         if value is not None and value < 1_000:
             raise ValueError(f"{name} must be at least 1000")
@@ -254,7 +264,7 @@ def guarded(func: Callable[..., Any]) -> Callable[..., Any]:
         if isinstance(result, str | list | dict) and len(result) > _MAX_SIZE:
             raise ExpressionLimit(f"expression limit: {func.__name__}() made a value of "
                                   f"{len(result)} (max_value_size {_MAX_SIZE})")
-        return result
+        return charge(result)
     return call
 
 
@@ -270,3 +280,138 @@ def time_limit(seconds: float | None) -> Iterator[None]:
         yield
     finally:
         _DEADLINE.reset(token)
+
+
+# -- the memory ceiling ---------------------------------------------------------------------
+
+
+_CONTAINERS = (list, tuple, dict, set, frozenset)
+_CONTAINER_TYPES = frozenset(_CONTAINERS)
+
+
+def _sampled_size(value: Any) -> int:
+    """Roughly the bytes ``value`` and its items take, in constant time: its own size, plus
+    its length times the mean size of its first few items (a list a C function filled, such
+    as ``s.split()``, holds new strings the interpreter never saw being made)."""
+    size = sys.getsizeof(value)
+    if isinstance(value, _CONTAINERS) and value:
+        if isinstance(value, list | tuple):  # spread out: the first ones may be shared
+            items = [value[i * len(value) // 8] for i in range(min(8, len(value)))]
+        else:
+            items = list(islice(value.items() if isinstance(value, dict) else value, 8))
+        sample = sum(_flat_size(item) for item in items)
+        size += sample * len(value) // len(items)
+    return size
+
+
+def _flat_size(item: Any) -> int:
+    if isinstance(item, tuple) and len(item) == 2:  # a dict's (key, value)
+        return _own_size(item[0]) + _own_size(item[1])
+    return _own_size(item)
+
+
+def _own_size(item: Any) -> int:
+    """``item``'s size, but 0 for what Python shares (None, booleans, small integers)."""
+    kind = type(item)
+    if (kind is int and -5 <= item <= 256) or item is None or kind is bool:
+        return 0
+    return sys.getsizeof(item)
+
+
+def held_bytes(*roots: Any, ignore: tuple[Any, ...] = (),
+               deadline: float | None = None) -> int:
+    """About the bytes held by ``roots`` and everything they reach, but what is reachable
+    only through ``ignore``.
+
+    Everything is counted once however often it is referred to; a number or a short
+    string referred to only once is counted without remembering its id (a set of every
+    object's id would cost more memory than what it measures). None, booleans and the
+    small integers Python shares count nothing.
+    """
+    seen = {id(item) for item in ignore}
+    pending, total, getsizeof = list(roots), 0, sys.getsizeof
+    while pending:
+        if not len(seen) & 4095:  # walking much held data takes a while
+            check_time(deadline)
+        item = pending.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        total += getsizeof(item)
+        if isinstance(item, dict):
+            children: Any = chain(item.keys(), item.values())
+        elif isinstance(item, _CONTAINERS):
+            children = item
+        else:
+            continue
+        for child in children:
+            kind = type(child)
+            if (kind is int and -5 <= child <= 256) or child is None or kind is bool:
+                continue
+            if (kind is int or kind is float or (kind is str and len(child) <= 64)) \
+                    and sys.getrefcount(child) <= 3:  # this container's, child's, the call's
+                total += getsizeof(child)
+            else:
+                pending.append(child)
+    return total
+
+
+class Meter:
+    """One evaluation's memory account, against ``[limits] max_memory``.
+
+    What the evaluation makes is charged as it is made (an estimate, in constant time per
+    value). When what was held at the last measurement plus what was charged since could
+    pass the ceiling, ``held`` (when given) measures what the evaluation really still holds
+    (freed values do not count), and the evaluation goes on if that is under the ceiling;
+    without it, the charges are the measure. A measurement walks what is held, so it
+    waits for at least a quarter of the ceiling to be charged: its cost is spread over
+    the charges, and what an evaluation holds may pass the ceiling by that much before
+    it is stopped.
+    """
+
+    def __init__(self, held: Callable[[Any], int] | None = None,
+                 source: str | None = None) -> None:
+        self.ceiling = _MAX_MEMORY[0]
+        self.held, self.source = held, source
+        self.last = 0  # bytes held at the last measurement
+        self.charged = 0  # bytes charged since
+        self.threshold = self.ceiling  # measure once more than this is charged
+
+    def charge(self, nbytes: int, made: Any = None) -> None:
+        """Count ``nbytes`` just made (``made``: the value, held by nobody yet)."""
+        self.charged += nbytes
+        if self.charged > self.threshold:
+            self.measure(made)
+
+    def charge_value(self, value: Any) -> None:
+        """Charge a value just made (a string, a container), by its estimated size."""
+        kind = type(value)
+        if kind is str or kind is bytes:
+            self.charge(sys.getsizeof(value), value)
+        elif kind in _CONTAINER_TYPES:
+            self.charge(_sampled_size(value), value)
+
+    def measure(self, made: Any = None) -> None:
+        """ExpressionLimit if the evaluation holds more than the ceiling."""
+        used = self.last + self.charged if self.held is None else self.held(made)
+        if used > self.ceiling:
+            raise ExpressionLimit(
+                f"expression limit: memory: holds {used / 2**20:.1f} MiB, past its ceiling of "
+                f"{self.ceiling / 2**20:g} MiB ([limits] max_memory)", self.source)
+        self.last, self.charged = used, 0
+        self.threshold = max(self.ceiling - used, self.ceiling >> 2)
+
+
+#: The meter of the template being rendered, for the operators and filters it calls.
+_METER: ContextVar[Meter | None] = ContextVar("saga_expression_meter", default=None)
+
+
+_T = TypeVar("_T")
+
+
+def charge(value: _T) -> _T:
+    """``value``, charged to the template being rendered (if any)."""
+    meter = _METER.get()
+    if meter is not None:
+        meter.charge_value(value)
+    return value

@@ -100,8 +100,7 @@ def health(request: Request) -> JSONResponse:
             "worker": svc.worker_alive, "version": request.app.version}
     try:
         # a partitioned store's logs each number their own: the sum says it is reachable
-        body["position"] = sum(part.recorder.max_notification_id() or 0
-                               for part in parts_of(svc.saga.app))
+        body["position"] = sum(part.probe() for part in parts_of(svc.saga.app))
     except Exception as e:
         body.update(status="unavailable", detail=" ".join(str(e).split())[:200])
         return JSONResponse(body, 503)

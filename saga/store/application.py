@@ -300,6 +300,12 @@ class SagaApplication(Application[UUID]):
         return int(self._io("reading the log",
                             lambda: self.recorder.max_notification_id()) or 0)
 
+    def probe(self) -> int:
+        """:meth:`head`, tried once (a health check answers at once instead of riding out
+        an outage): StoreUnavailableError, in one line, when the store is unreachable."""
+        with store_errors("reading the log"):
+            return int(self.recorder.max_notification_id() or 0)
+
     def close(self) -> None:
         """Release the store's connections."""
         with contextlib.suppress(Exception):

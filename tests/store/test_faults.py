@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from eventsourcing.persistence import OperationalError
 
@@ -30,6 +31,7 @@ from saga.store.pg_recorder import ORDINAL_BITS, XidOrderedRecorder
 from saga.store.reconnect import connection_lost
 from saga.tools import Registry
 from tests.executor.test_recovery import check_history
+from tests.server.conftest import Server, store_env
 from tests.standins.pg_cluster import Cluster, pg_bin
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -229,6 +231,77 @@ def test_saga_run_without_a_database_exits_3_with_one_line(cluster: Cluster, own
         final = saga.get("SLOW-1")
         assert final.status == "completed"
         check_history(saga, final.run_id)
+
+
+#: Commands that read or administer the store, each given a run id where it takes one.
+STORE_COMMANDS = [
+    ["audit", "verify", "--all"], ["audit", "verify", "RUN"], ["status", "RUN"],
+    ["history", "RUN"], ["export", "RUN"], ["list"], ["report", "--format", "json"],
+    ["retention", "apply", "--older-than", "0"],
+    ["retention", "apply", "--older-than", "0", "--dry-run"],
+]
+
+
+def test_store_commands_without_a_database_exit_3_with_one_line(
+        cluster: Cluster, own: Settings, registry: Registry, tmp_path: Path) -> None:
+    """Every command that reads or changes the store fails with exit 3 and one line when
+    the database is gone (each store call rides out a lost connection for
+    reconnect_seconds first), and works again once it is back."""
+    calls = tmp_path / "calls.log"
+    env = env_for(own, calls, SAGA_RECONNECT_SECONDS="1")
+    with Saga(own, registry=registry) as saga:
+        run_id = saga.run(saga.load({"name": "one", "steps": [
+            {"id": "a", "tool": "effect", "args": {"value": 1}}]})).run_id
+    commands = [[run_id if arg == "RUN" else arg for arg in c] for c in STORE_COMMANDS]
+    cluster.stop()
+    try:
+        for command in commands:
+            out = subprocess.run([sys.executable, "-m", "saga", *command], cwd=ROOT, env=env,
+                                 capture_output=True, text=True, timeout=60)
+            assert out.returncode == 3, (command, out.returncode, out.stderr[-2000:])
+            assert out.stderr.count("\n") == 1, (command, out.stderr[-2000:])
+            assert out.stderr.startswith("error: "), (command, out.stderr)
+            assert "Traceback" not in out.stderr
+    finally:
+        cluster.start()
+    cluster.wait_ready()
+    for command in commands[:-2]:  # the read-only ones: fine again
+        out = subprocess.run([sys.executable, "-m", "saga", *command], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, (command, out.stderr[-2000:])
+
+
+def test_the_health_check_says_unavailable_at_once_and_ok_once_the_store_is_back(
+        cluster: Cluster, own: Settings, registry: Registry) -> None:
+    """``/api/v1/health`` answers 503 with one line while the database is stopped (at once:
+    a probe must not wait out the reconnect budget), and 200 soon after it is back (its
+    pool gives up its dead connections)."""
+    with Saga(own, registry=registry):
+        pass  # the schema, while the server is up
+    server = Server(own, store_env(own)).start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            assert client.get("/api/v1/health").json()["status"] == "ok"
+            cluster.stop()
+            try:
+                down = client.get("/api/v1/health")
+                assert down.status_code == 503
+                assert down.json()["status"] == "unavailable"
+                assert "\n" not in down.json()["detail"]
+                assert down.json()["detail"].startswith("cannot reach the event store")
+            finally:
+                cluster.start()
+            cluster.wait_ready()
+            states = []
+            for _ in range(10):  # a probe every 0.5 s: back within a few
+                states.append(client.get("/api/v1/health").status_code)
+                if states[-1] == 200:
+                    break
+                time.sleep(0.5)
+            assert states[-1] == 200, states
+            assert len(states) <= 3, states
+    finally:
+        server.stop()
 
 
 def test_a_worker_resumes_by_itself_after_ten_seconds_down(cluster: Cluster, own: Settings,
