@@ -74,13 +74,22 @@ def _event_detail(e: dict[str, Any]) -> str:
 
 
 _COLUMNS = ("step", "status", "attempts", "ms", "detail")
+_MARKUP = re.compile(r"(\\*)(\[[a-z#/@][^[]*?])")
+
+
+def _escape(text: Any) -> str:
+    """Text from a run (names, ids, messages, outputs) as rich markup that prints it as
+    written: ``[/]`` in an error message is not a closing tag (rich.markup.escape, without
+    importing rich on the plain path; a backslash is special only before a tag, so one
+    at the end of a fragment stays as it is)."""
+    return _MARKUP.sub(lambda m: f"{m.group(1)}{m.group(1)}\\{m.group(2)}", str(text))
 
 
 def _summary_parts(summary: dict[str, Any]) -> tuple[list[Any], list[tuple[str, ...]]]:
     """What a summary shows, in order: lines of rich markup, with the table's place marked
     by None; and the table's rows (step, status markup, attempts, ms, detail)."""
     style = _STATUS_STYLE.get(summary["status"], "")
-    lines: list[Any] = [f"run {summary['run_id']} ({summary['name']}): "
+    lines: list[Any] = [f"run {_escape(summary['run_id'])} ({_escape(summary['name'])}): "
                         f"[{style}]{summary['status']}[/]", None]
     rows: list[tuple[str, ...]] = []
     for key, s in summary.get("steps", {}).items():
@@ -93,27 +102,29 @@ def _summary_parts(summary: dict[str, Any]) -> tuple[list[Any], list[tuple[str, 
         if s.get("compensation_error"):  # its effect is still there: say so
             st, style = f"{st}, compensation failed", "red"
             detail = f"NOT UNDONE: {s['compensation_error'].get('message', '')}"
-        rows.append((key, f"[{style}]{st}[/]" if style else st, str(s.get("attempt", "")),
-                     str(s.get("duration_ms", "") or ""), str(detail)))
+        rows.append((_escape(key), f"[{style}]{st}[/]" if style else st,
+                     str(s.get("attempt", "")), str(s.get("duration_ms", "") or ""),
+                     _escape(detail)))
     if summary.get("error"):
-        lines.append(f"error: {summary['error'].get('message', summary['error'])}")
+        lines.append(f"error: {_escape(summary['error'].get('message', summary['error']))}")
     broken = (summary.get("error") or {}).get("compensation_failed")
     if broken:
-        lines.append(f"[red]compensation failed for {', '.join(broken)}: their effects were "
+        lines.append(f"[red]compensation failed for {_escape(', '.join(broken))}: their "
+                     "effects were "
                      "NOT undone[/]")
     degraded = (summary.get("outputs") or {}).get("_layers", {}).get("degraded") \
         if isinstance(summary.get("outputs"), dict) else False
     if degraded:
         lines.append("[yellow]degraded: an enhancement-layer step failed[/]")
     if summary.get("outputs") is not None and summary["status"] == "completed":
-        lines.append("outputs: " + json.dumps(summary["outputs"], default=str,
-                                              ensure_ascii=False))
+        lines.append("outputs: " + _escape(json.dumps(summary["outputs"], default=str,
+                                                      ensure_ascii=False)))
     for child in summary.get("children", []):
-        lines.append(f"  └ step {child['step']}: child run {child['run_id']} "
-                     f"({child['name']}): {child['status']}")
+        lines.append(_escape(f"  └ step {child['step']}: child run {child['run_id']} "
+                             f"({child['name']}): {child['status']}"))
     if summary.get("waiting_for"):
         for step in summary["waiting_for"]:
-            lines.append(f"waiting: saga approve {summary['run_id']} {step}")
+            lines.append(_escape(f"waiting: saga approve {summary['run_id']} {step}"))
     return lines, rows
 
 

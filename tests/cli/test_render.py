@@ -34,12 +34,11 @@ PLAIN = [
     summary(status="waiting", waiting_for=["ask"], outputs=None),
     summary(outputs={"_layers": {"degraded": True}}),
     summary(status="compensated", outputs={"x": "a b"}),
-    # one colour of ours around user text: rich takes it out as well
-    summary(steps={"a": {"status": "failed", "error": {"message": "see [red]log[/]"}}}),
 ]
 #: Text rich reads as markup or emoji, or that is not plain ASCII: printed by rich.
 RICH = [
     summary(name="[bold]order"),
+    summary(steps={"a": {"status": "failed", "error": {"message": "see [red]log[/]"}}}),
     summary(name="[red]order"),
     summary(steps={"a": {"status": "failed", "error": {"message": "[link]log"}}}),
     summary(steps={"a": {"status": "failed", "error": {"message": "a \\[x]"}}}),
@@ -100,3 +99,17 @@ def test_rich_prints_on_a_terminal_narrow_consoles_and_forced_colour(
     monkeypatch.delenv("FORCE_COLOR")
     monkeypatch.setattr("sys.stdout.isatty", lambda: True)
     assert render._plain_text(*parts) is None
+
+
+@pytest.mark.parametrize("text", ["closing [/] tag", "[bold]not bold[/bold]", "see [red]log[/]",
+                                  "trailing \\", "[link=http://x]x[/link]"])
+def test_text_from_a_run_prints_as_written(capsys: pytest.CaptureFixture[str],
+                                           monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+    """An error message, a name or an output is data, never markup: ``[/]`` in it once made
+    the summary raise a MarkupError."""
+    monkeypatch.setenv("COLUMNS", "200")
+    data = summary(name=text, status="failed", outputs={"x": text}, error={"message": text},
+                   steps={text: {"status": "failed", "error": {"message": text}}})
+    out = printed(capsys, data)
+    assert f"({text}): failed" in out and f"error: {text}" in out
+    assert out.count(text) >= 4, out
