@@ -50,8 +50,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import tenacity
 from eventsourcing.persistence import (
+    IntegrityError,
     InterfaceError,
+    InternalError,
     Notification,
     OperationalError,
     ProgrammingError,
@@ -60,11 +63,20 @@ from eventsourcing.persistence import (
 )
 from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 from eventsourcing.utils import retry
+from psycopg import errors
 from psycopg.sql import SQL, Composed, Identifier, Literal
 
 #: Bits of a notification id below the transaction id: events per insert must fit.
 ORDINAL_BITS = 20
 MAX_EVENTS_PER_INSERT = (1 << ORDINAL_BITS) - 1
+
+
+def _catalog_race(e: BaseException) -> bool:
+    """Whether creating the tables failed only because another process was creating the
+    same objects at the same moment."""
+    return isinstance(e, InternalError | IntegrityError) or (
+        isinstance(e, ProgrammingError)
+        and isinstance(e.__cause__, errors.DuplicateTable | errors.DuplicateObject))
 
 
 class XidOrderedRecorder(PostgresApplicationRecorder):
@@ -124,6 +136,21 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
             "    AND r.relation = {rel}::regclass)"
             "), (SELECT pg_snapshot_xmax(s.snap) FROM s))::text::bigint AS h"
         ).format(rel=Literal(qualified))
+
+    def create_table(self) -> None:
+        """The library's, tried again when another process creates the same objects at
+        the same moment: PostgreSQL's catalog refuses concurrent ``CREATE OR REPLACE
+        FUNCTION`` ("tuple concurrently updated") and, for a new table, concurrent
+        ``CREATE ... IF NOT EXISTS`` (a duplicate key in ``pg_type``, or "already
+        exists" for an index or type), which a fleet of
+        workers starting together would otherwise die of. Every statement is idempotent,
+        and a failed attempt's transaction left nothing behind."""
+        for attempt in tenacity.Retrying(
+                retry=tenacity.retry_if_exception(_catalog_race),
+                stop=tenacity.stop_after_attempt(8),
+                wait=tenacity.wait_random(0.01, 0.2), reraise=True):
+            with attempt:
+                super().create_table()
 
     # -- writing ---------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ test case, and concurrent writers against a following reader."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import queue
 import threading
 import time
 import uuid
@@ -245,14 +246,23 @@ def test_concurrent_writers_and_a_following_reader(schema: str, procs: int) -> N
     for w in workers:
         w.start()
     written: list[int] = []
-    for _ in workers:
-        written += out.get(timeout=120)
-    for w in workers:
-        w.join(timeout=60)
-    time.sleep(0.05)
-    stop.set()
-    follower.join(timeout=60)
-    reader.datastore.close()
+    try:
+        deadline = time.monotonic() + 100
+        while len(written) < procs * writes * per_write:
+            try:
+                written += out.get(timeout=1)
+            except queue.Empty:
+                # a writer that died says so now, not after the suite's timeout
+                dead = [w.exitcode for w in workers if w.exitcode not in (None, 0)]
+                assert not dead, f"a writer process failed (exit codes {dead})"
+                assert time.monotonic() < deadline, "the writers did not finish"
+        for w in workers:
+            w.join(timeout=60)
+        time.sleep(0.05)
+    finally:
+        stop.set()
+        follower.join(timeout=60)
+        reader.datastore.close()
     assert len(written) == procs * writes * per_write
     assert seen == sorted(written), "a notification was missed, repeated or reordered"
 
@@ -387,3 +397,37 @@ def test_no_wait_readers_return_only_what_is_flushed(schema: str) -> None:
         assert all(lsn(flushed) >= lsn(w) for flushed, w in flushes)
     finally:
         recorder.datastore.close()
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_workers_starting_together_all_create_the_tables(existing: bool) -> None:
+    """Several processes opening one store at once race in PostgreSQL's catalog ("tuple
+    concurrently updated", "already exists"); each must open, not die of it."""
+    schema = _new_schema()
+    try:
+        if existing:
+            _recorder(schema).datastore.close()
+        recorders = [XidOrderedRecorder(_datastore(schema, 1), events_table_name="saga_events")
+                     for _ in range(6)]
+        barrier = threading.Barrier(len(recorders))
+        errors: list[BaseException] = []
+
+        def create(recorder: XidOrderedRecorder) -> None:
+            barrier.wait()
+            try:
+                recorder.create_table()
+            except BaseException as e:  # reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=create, args=(r,)) for r in recorders]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert recorders[0].insert_events([StoredEvent(uuid4(), 1, "t", b"s")])
+    finally:
+        for r in recorders:
+            r.datastore.close()
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
