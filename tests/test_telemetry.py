@@ -283,13 +283,18 @@ def _samples(text: str) -> dict[str, float]:
     return samples
 
 
-def test_json_log_lines_say_which_run_and_step(tmp_path: Path) -> None:
-    (tmp_path / "saytools.py").write_text(SAY, encoding="utf-8")
-    (tmp_path / "say.yaml").write_text("""
+def write_say(folder: Path) -> None:
+    """A tool that logs, and a one-step composition calling it."""
+    (folder / "saytools.py").write_text(SAY, encoding="utf-8")
+    (folder / "say.yaml").write_text("""
 name: say
 steps:
   - {id: hello, tool: say, args: {word: hi}}
 """, encoding="utf-8")
+
+
+def test_json_log_lines_say_which_run_and_step(tmp_path: Path) -> None:
+    write_say(tmp_path)
     ran = saga(["--log-format", "json", "run", "say.yaml", "--tools", "saytools"], tmp_path,
                OTEL_TRACES_EXPORTER="console")
     assert ran.returncode == 0, ran.stderr
@@ -307,12 +312,7 @@ steps:
 
 
 def test_text_log_lines_carry_the_run_too(tmp_path: Path) -> None:
-    (tmp_path / "saytools.py").write_text(SAY, encoding="utf-8")
-    (tmp_path / "say.yaml").write_text("""
-name: say
-steps:
-  - {id: hello, tool: say, args: {word: hi}}
-""", encoding="utf-8")
+    write_say(tmp_path)
     ran = saga(["run", "say.yaml", "--tools", "saytools", "--json"], tmp_path,
                SAGA_LOG_FORMAT="text", SAGA_LOG_LEVEL="INFO")
     assert ran.returncode == 0, ran.stderr

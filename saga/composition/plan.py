@@ -413,7 +413,7 @@ def _step_references(step: Step, where: str,
     for path, value, find in parts:
         problems += [Problem(f"{where}.{path}", f"unknown context field {name!r} (context "
                                                 f"has {', '.join(sorted(CONTEXT_FIELDS))})")
-                     for name in sorted(_context_fields(value) - CONTEXT_FIELDS)]
+                     for name in sorted(_names_read(value, _CONTEXT_REF) - CONTEXT_FIELDS)]
         try:
             static = _static_problems(path, value)
             if static:
@@ -426,7 +426,7 @@ def _step_references(step: Step, where: str,
 
 def _static_problems(path: str, value: Any) -> list[str]:
     refused = [f"secret {name!r} is one of saga's own settings and is never readable"
-               for name in sorted(_secret_names(value)) if secrets.forbidden(name)]
+               for name in sorted(_names_read(value, _SECRET_REF)) if secrets.forbidden(name)]
     if path in ("condition", "until"):
         return refused + expressions.check_expression(value)
     if path == "compute":
@@ -440,29 +440,19 @@ CONTEXT_FIELDS = frozenset({"run_id", "execution_id", "actor", "user_id", "label
 _CONTEXT_REF = re.compile(r"\bcontext\s*(?:\.\s*([A-Za-z_]\w*)|\[\s*['\"]([^'\"]+)['\"]\s*\])")
 
 
-def _context_fields(value: Any) -> set[str]:
-    """The context fields a value's templates or code read (``context.X``)."""
+def _names_read(value: Any, pattern: re.Pattern[str]) -> set[str]:
+    """The names ``pattern`` finds (as ``x.NAME`` or ``x['NAME']``) in every string of a
+    value: the fields a value's templates or code read from one namespace."""
     if isinstance(value, str):
-        return {a or b for a, b in _CONTEXT_REF.findall(value)}
+        return {a or b for a, b in pattern.findall(value)}
     if isinstance(value, dict):
-        return set().union(*(_context_fields(v) for v in value.values()), set())
+        return set().union(*(_names_read(v, pattern) for v in value.values()), set())
     if isinstance(value, list):
-        return set().union(*(_context_fields(v) for v in value), set())
+        return set().union(*(_names_read(v, pattern) for v in value), set())
     return set()
 
 
 _SECRET_REF = re.compile(r"secret\s*(?:\.\s*([A-Za-z_]\w*)|\[\s*['\"]([^'\"]+)['\"]\s*\])")
-
-
-def _secret_names(value: Any) -> set[str]:
-    """The secrets a value's templates or code read (``secret.X``, ``secret['X']``)."""
-    if isinstance(value, str):
-        return {a or b for a, b in _SECRET_REF.findall(value)}
-    if isinstance(value, dict):
-        return set().union(*(_secret_names(v) for v in value.values()), set())
-    if isinstance(value, list):
-        return set().union(*(_secret_names(v) for v in value), set())
-    return set()
 
 
 def _steps_refs(value: Any) -> set[str]:
