@@ -39,7 +39,7 @@ from saga.errors import (
     RunStateError,
     SagaError,
 )
-from saga.executor import EventHook, Executor
+from saga.executor import TOOL_THREADS, EventHook, Executor, ToolThreads
 from saga.lazy import lazy
 from saga.projection import Projection, open_projection
 from saga.scheduler import compensation_order, is_loop_parent
@@ -86,6 +86,7 @@ class Saga:
         self._undo_store: UndoStore | None = None
         self._schedules: schedules_.Schedules | None = None
         self.worker = worker or default_worker_id()
+        self.threads = ToolThreads(4 * TOOL_THREADS)  #: tools' threads (a worker has its own)
 
     def __enter__(self) -> Saga:
         return self
@@ -128,14 +129,15 @@ class Saga:
         if self._app is not None:
             self._app.close()
             self._app = None
+        self.threads.close()
 
     def executor(self, on_events: EventHook | None = None, worker: str | None = None,
-                 hold: float | None = None) -> Executor:
+                 hold: float | None = None, threads: ToolThreads | None = None) -> Executor:
         """An executor over this store and registry (recording ``worker`` on its starts;
         waiting out in-process only waits up to ``hold`` seconds, default
-        ``settings.hold_seconds``)."""
-        return Executor(self.app, self.registry, worker=worker or self.worker,
-                        on_events=on_events, cache=self.cache, undo=self.undo_store,
+        ``settings.hold_seconds``; its tools run in ``threads``, default :attr:`threads`)."""
+        return Executor(self.app, self.registry, worker=worker or self.worker, on_events=on_events,
+                        cache=self.cache, undo=self.undo_store, threads=threads or self.threads,
                         hold=self.settings.hold_seconds if hold is None else hold)
 
     @property
@@ -191,9 +193,8 @@ class Saga:
               context: Mapping[str, Any] | None = None, queue: str | None = None,
               priority: int | None = None) -> Run:
         """Check inputs and create a run (not yet saved); see :meth:`run` and :meth:`submit`.
-        ``context`` adds to what the run records as its context (``scheduled_at``...);
-        the run's trace is recorded there too (``trace_id``, and ``traceparent`` when
-        ``context`` gives a valid one: the span the run starts under).
+        ``context`` adds to the run's recorded context (``scheduled_at``...), as does its
+        trace (``trace_id``; ``traceparent`` if ``context`` gives one: its parent span).
 
         ``queue`` (else the composition's, else ``default``) and ``priority`` (higher is
         claimed first; 0) are recorded in its options: workers claim it by them.
@@ -223,12 +224,11 @@ class Saga:
                                             "actor": actor or self.settings.actor,
                                             "labels": check_labels(labels or {}),
                                             "mode": (options or {}).get("mode", "normal")}
-        if run_id is not None:
-            recorded_context["run_id"] = check_run_id(run_id)
         hidden = {spec.name: str(resolved[spec.name]) for spec in plan.definition.inputs
                   if spec.secret and resolved.get(spec.name) is not None}
         recorded = {k: secrets.marker(k) if k in hidden else v for k, v in resolved.items()}
         if run_id is not None:
+            recorded_context["run_id"] = check_run_id(run_id)
             existing = self._existing(run_id, plan, recorded)
             if existing is not None:
                 return existing
@@ -481,7 +481,7 @@ class Saga:
         """A worker over this store (see :class:`saga.worker.Worker`)."""
         return worker_.Worker(
             self.app, self.leases,
-            lambda worker: self.executor(worker=worker, hold=worker_.WORKER_HOLD),
+            lambda w, threads: self.executor(worker=w, hold=worker_.WORKER_HOLD, threads=threads),
             tick=self.fire_schedules, **{"queues": self.settings.queues, **kwargs})
 
     def get(self, run_id: str, version: int | None = None) -> Run:

@@ -37,7 +37,7 @@ from saga.domain import (
     step_key,
 )
 from saga.errors import ConcurrentWriteError, LeaseLostError, SagaError, StoreUnavailableError
-from saga.executor import Executor
+from saga.executor import TOOL_THREADS, Executor, ToolThreads
 from saga.store.application import SagaApplication
 from saga.store.group_commit import GroupCommit
 from saga.store.leases import Claim, Leases, default_worker_id
@@ -229,11 +229,13 @@ class Worker:
     """Claims runnable runs and drives up to ``concurrency`` of them at once."""
 
     def __init__(self, app: SagaApplication, leases: Leases,
-                 executor: Callable[[str], Executor], *, worker_id: str | None = None,
+                 executor: Callable[[str, ToolThreads], Executor], *,
+                 worker_id: str | None = None,
                  lease_seconds: float = 30.0, concurrency: int = 4,
                  poll_interval: float = 0.5, tick: Callable[[], Any] | None = None,
                  queues: Mapping[str, QueueLimit] | None = None) -> None:
-        """``executor(worker_id)`` makes the executor a drive uses (closed after it);
+        """``executor(worker_id, threads)`` makes the executor a drive uses (closed after
+        it; its tools run in ``threads``, shared by the worker's drives);
         ``tick()`` runs each time the worker looks for work (firing due schedules);
         ``queues``: the limits of queues (saga.toml ``[queues.NAME]``)."""
         self.tick = tick
@@ -250,11 +252,16 @@ class Worker:
         self.driven = 0
         #: The appends of every run this worker drives at once share a commit.
         self.group = GroupCommit(app)
+        #: As many tool threads for all drives as each drive had of its own.
+        self.threads = ToolThreads(TOOL_THREADS * concurrency)
 
     def run(self, *, until_idle: bool = False, stop: Callable[[], bool] | None = None) -> int:
         """Work until ``stop()`` says so (or, with ``until_idle``, nothing is runnable);
         returns how many drives ended."""
-        return asyncio.run(self._run(until_idle, stop or (lambda: False)))
+        try:
+            return asyncio.run(self._run(until_idle, stop or (lambda: False)))
+        finally:
+            self.threads.close()
 
     async def _run(self, until_idle: bool, stop: Callable[[], bool]) -> int:
         active: dict[str, asyncio.Task[None]] = {}
@@ -373,7 +380,7 @@ class Worker:
             # Reads and the release run in threads: the loop keeps driving other runs.
             run = await loop.run_in_executor(None, self.app.get_run, run_id)
             if not run.is_finished:
-                executor = self.make_executor(self.worker_id)
+                executor = self.make_executor(self.worker_id, self.threads)
                 executor.group = self.group
                 try:
                     await executor.drive_async(run, lease)

@@ -34,7 +34,8 @@ def test_runs_in_flight_go_on_while_a_look_waits_on_the_store(lite: Saga) -> Non
         looks.append("gave up: the loop was blocked")
 
     worker = Worker(lite.app, lite.leases,
-                    lambda w: lite.executor(worker=w, hold=WORKER_HOLD),
+                    lambda w, threads: lite.executor(worker=w, hold=WORKER_HOLD,
+                                                     threads=threads),
                     tick=stalled_look, poll_interval=0.05)
     assert worker.run(until_idle=True) == 1
     assert looks == ["first", "the run finished while the look waited"]
@@ -55,7 +56,8 @@ def test_a_look_that_raises_leaves_the_runs_in_flight_alone(lite: Saga) -> None:
             raise StoreUnavailableError("cannot reach the event store (test)")
 
     worker = Worker(lite.app, lite.leases,
-                    lambda w: lite.executor(worker=w, hold=WORKER_HOLD),
+                    lambda w, threads: lite.executor(worker=w, hold=WORKER_HOLD,
+                                                     threads=threads),
                     tick=failing_look, poll_interval=0.05)
     assert worker.run(until_idle=True) == 1
     assert len(calls) >= 3

@@ -29,11 +29,52 @@ from saga.store.side_tables import Database
 from saga.store.undo import UndoStore
 from saga.tools import Registry
 
-__all__ = ["EventHook", "Executor", "LeaseLike", "plan_of"]
+__all__ = ["TOOL_THREADS", "EventHook", "Executor", "LeaseLike", "ToolThreads", "plan_of"]
+
+
+#: Tool threads per run driven at once (a drive's calls past that many wait their turn).
+TOOL_THREADS = 16
 
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+class ToolThreads:
+    """The threads tools run in, shared by the drives of one process: a drive that
+    started its own pool paid a thread start per run, the larger part of a short run's
+    scaffold in a worker.
+
+    A call a drive gave up on (a timeout, a cancelled drive) may hold its thread for as
+    long as the tool hangs, so such a drive retires the pool: later drives get a new one,
+    and the old one's threads end once their calls return and it is collected."""
+
+    def __init__(self, max_threads: int = TOOL_THREADS) -> None:
+        self.max_threads = max_threads
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+
+    @property
+    def pool(self) -> ThreadPoolExecutor:
+        """The current pool (made on first use)."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=self.max_threads,
+                                                thread_name_prefix="saga-tool")
+            return self._pool
+
+    def retire(self, pool: ThreadPoolExecutor) -> None:
+        """Stop handing ``pool`` out (if it is still the current one)."""
+        with self._lock:
+            if self._pool is pool:
+                self._pool = None
+
+    def close(self) -> None:
+        """Stop the current pool (calls under way finish on their own)."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
 
 class Executor:
@@ -42,13 +83,14 @@ class Executor:
     def __init__(self, app: SagaApplication, registry: Registry, *, worker: str | None = None,
                  clock: Callable[[], datetime] = _now,
                  sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
-                 on_events: EventHook | None = None, max_threads: int = 16,
+                 on_events: EventHook | None = None, max_threads: int = TOOL_THREADS,
                  cache: ToolCache | None = None, hold: float = 60.0,
-                 undo: UndoStore | None = None) -> None:
+                 undo: UndoStore | None = None, threads: ToolThreads | None = None) -> None:
         """``hold``: the longest wait (a retry's backoff, a sleep, a signal's timeout) a
         drive waits out in this process; a longer one ends the drive, and a worker picks
         the run up again when it is due. ``undo``: where tools' undo state is kept (by
-        default opened on the store's database when first needed)."""
+        default opened on the store's database when first needed). ``threads``: shared
+        tool threads (by default, up to ``max_threads`` of its own, stopped on close)."""
         self.app = app
         self.hold = hold
         self.sleep = sleep
@@ -62,11 +104,19 @@ class Executor:
         self._undo_lock = threading.Lock()
         #: Set by a worker: appends go through its group commit instead of one by one.
         self.group: GroupCommit | None = None
-        self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="saga-tool")
+        self._own_threads = threads is None
+        self.threads = ToolThreads(max_threads) if threads is None else threads
+        self._pool = self.threads.pool
+        #: Whether a drive gave up on a call still running in a thread.
+        self.abandoned = False
 
     def close(self) -> None:
-        """Stop the tool thread pool."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Stop the tool threads if they are this executor's own; else retire them if a
+        call was given up on."""
+        if self._own_threads:
+            self.threads.close()
+        elif self.abandoned:
+            self.threads.retire(self._pool)
         if self._undo_db is not None:
             self._undo_db.close()
             self._undo_db, self._undo = None, None
@@ -90,7 +140,15 @@ class Executor:
         With a ``lease``, it is renewed while the run is driven, and the drive stops with
         LeaseLostError if another worker took the run over.
         """
-        return asyncio.run(self.drive_async(run, lease))
+        driven: list[Run] = []
+
+        async def main() -> None:
+            # The task's result is not the run: asyncio.run reprs its main task (through
+            # the SIGINT handler's partial) when it restores the handler, and a run's
+            # repr costs as much as the run is long.
+            driven.append(await self.drive_async(run, lease))
+        asyncio.run(main())
+        return driven[0]
 
     async def drive_async(self, run: Run, lease: LeaseLike | None = None) -> Run:
         """Async form of :meth:`drive`."""

@@ -505,6 +505,12 @@ class Drive:
     async def _in_thread(self, func: Callable[..., Any], *args: Any) -> Any:
         loop = asyncio.get_running_loop()  # the thread sees this task's scope (logs, span)
         call = functools.partial(contextvars.copy_context().run, func, *args)
-        return await loop.run_in_executor(self.x._pool, call)
+        done = loop.run_in_executor(self.x._pool, call)
+        try:
+            return await done
+        except BaseException:
+            if not done.done() or done.cancelled():
+                self.x.abandoned = True  # its thread may still be busy with the call
+            raise
 
 

@@ -68,6 +68,14 @@ class Reconnect:
         (naming ``where``) when the budget is spent."""
         if not self.enabled:
             return operation()
+        try:
+            # The first try outside tenacity: nearly every call succeeds at once, and
+            # setting up a retry loop costs as much as a small commit's client side.
+            return operation()
+        except Exception as e:
+            if not connection_lost(e):
+                raise
+            first = e
 
         def before_retry(state: tenacity.RetryCallState) -> None:
             error = state.outcome.exception() if state.outcome else None
@@ -81,11 +89,18 @@ class Reconnect:
                 except Exception as e:  # the next try reports what matters
                     log.debug("after a lost connection: %s", e)
 
+        failed = [first]
+
+        def attempt() -> T:
+            if failed:  # the first try, made above, counts as tenacity's first
+                raise failed.pop()
+            return operation()
+
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception(connection_lost), wait=_wait(),
             stop=tenacity.stop_after_delay(self.seconds), before_sleep=before_retry, reraise=True)
         try:
-            return retrying(operation)
+            return retrying(attempt)
         except Exception as e:
             if not connection_lost(e):
                 raise

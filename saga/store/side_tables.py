@@ -23,6 +23,9 @@ T = TypeVar("T")
 # Concurrent CREATE TABLE IF NOT EXISTS can fail in PostgreSQL ("tuple concurrently
 # updated"), so DDL runs under this transaction-scoped advisory lock.
 DDL_LOCK = 0x5A6A_0001
+#: Ends an UPDATE's or DELETE's WHERE clause: its transaction commits without waiting for
+#: the WAL flush (see :meth:`Database.execute`).
+_NO_WAIT = " AND set_config('synchronous_commit', 'off', true) IS NOT NULL"
 
 
 class Database:
@@ -134,7 +137,12 @@ class Database:
         ``flush=False`` (PostgreSQL) commits without waiting for the WAL flush
         (``synchronous_commit`` off for that transaction only). Only for rows a crash may
         roll back harmlessly: WAL is flushed in order, so the next ordinary commit of any
-        session (a run's next append, before any tool runs) makes it durable too.
+        session (a run's next append, before any tool runs) makes it durable too. The
+        statement is an UPDATE or DELETE ending in its WHERE clause: the setting is made
+        by a term added to that clause, which every row it changes passes through (a
+        statement that changes nothing writes nothing, and has nothing to flush). It
+        stays one autocommit statement, one round trip: a transaction with ``SET LOCAL``
+        takes three times as long as the flushed commit it means to save.
         """
         def once() -> int:
             if not self.pg:
@@ -143,12 +151,8 @@ class Database:
                     return int(cur.rowcount)
             with self._lock, self._lost_as_unavailable():
                 conn = self._live()  # reconnected when the last one was lost
-                if flush:  # one autocommit statement: atomic, one round trip
-                    return int(conn.execute(self.sql(text), tuple(args)).rowcount)
-                with conn.pipeline(), conn.transaction():
-                    conn.execute("SET LOCAL synchronous_commit TO off")
-                    cur = conn.execute(self.sql(text), tuple(args))
-                return int(cur.rowcount)
+                statement = self.sql(text) if flush else self.sql(text) + _NO_WAIT
+                return int(conn.execute(statement, tuple(args)).rowcount)
         return self.retrying("writing a side table", once)
 
     def query(self, text: str, args: Sequence[Any] = ()) -> list[Row]:

@@ -138,7 +138,8 @@ def block(params: dict, ctx: ToolContext) -> dict:
     """Sleeps in a thread (a blocking tool) and records when it ran."""
     start = time.monotonic()
     time.sleep(float(params.get("seconds", 0.2)))
-    record("block", params, ctx, start=start, end=time.monotonic())
+    record("block", params, ctx, start=start, end=time.monotonic(),
+           thread=threading.get_ident())
     return {"step": ctx.step_id}
 
 

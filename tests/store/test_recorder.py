@@ -22,7 +22,12 @@ from saga.api import Saga
 from saga.config import load_settings
 from saga.errors import ConcurrentWriteError, ConfigError
 from saga.store.application import SagaApplication
-from saga.store.pg_recorder import ORDINAL_BITS, NoWaitXidOrderedRecorder, XidOrderedRecorder
+from saga.store.pg_recorder import (
+    ORDINAL_BITS,
+    VALUES_UP_TO,
+    NoWaitXidOrderedRecorder,
+    XidOrderedRecorder,
+)
 from saga.tools import Registry
 from tests.conftest import PG_URL, postgres_store
 
@@ -136,13 +141,24 @@ def schema() -> Iterator[str]:
         _drop(s)
 
 
-def test_ids_follow_the_inserting_transaction(schema: str) -> None:
-    recorder = _recorder(schema)
+@pytest.mark.parametrize("kind", [XidOrderedRecorder, NoWaitXidOrderedRecorder])
+@pytest.mark.parametrize("count", [3, VALUES_UP_TO, VALUES_UP_TO + 1, 40])
+def test_ids_follow_the_inserting_transaction(schema: str, count: int,
+                                              kind: type[XidOrderedRecorder]) -> None:
+    """Both forms of the insert (a row of parameters per event, and arrays past
+    VALUES_UP_TO) store the events as given, with ids in their order."""
+    recorder = _recorder(schema, kind=kind)
     try:
-        ids = recorder.insert_events([StoredEvent(uuid4(), 1, "t", b"x") for _ in range(3)])
+        run = uuid4()
+        events = [StoredEvent(run, v, f"t{v}", f"state {v}".encode())
+                  for v in range(1, count + 1)]
+        ids = recorder.insert_events(events)
         assert ids is not None
         xid = ids[0] >> ORDINAL_BITS
-        assert ids == [(xid << ORDINAL_BITS) + n for n in (1, 2, 3)]
+        assert ids == [(xid << ORDINAL_BITS) + n for n in range(1, count + 1)]
+        stored = recorder.select_events(run)
+        assert [(e.originator_version, e.topic, e.state) for e in stored] == \
+            [(e.originator_version, e.topic, e.state) for e in events]
     finally:
         recorder.datastore.close()
 
@@ -287,17 +303,23 @@ def test_the_xid_recorder_is_the_default_and_library_the_way_back(
                       cwd=tmp_path)
 
 
+@pytest.mark.parametrize("count", [1, VALUES_UP_TO + 1])  # a row per event; arrays
 @pytest.mark.parametrize(("kind", "setting"), [(XidOrderedRecorder, "on"),
                                                (NoWaitXidOrderedRecorder, "off")])
 def test_only_the_no_wait_recorder_commits_without_waiting(
-        schema: str, kind: type[XidOrderedRecorder], setting: str) -> None:
+        schema: str, kind: type[XidOrderedRecorder], setting: str, count: int) -> None:
     """Its insert sets synchronous_commit off for its own transaction (seen here by
     running the statement inside a transaction of ours), never for the session."""
     recorder = _recorder(schema, kind=kind)
     try:
         with psycopg.connect(PG_URL, autocommit=True) as conn:
             with conn.transaction():
-                conn.execute(recorder._insert, ([uuid4()], [1], ["t"], [b"x"]))
+                ids = [uuid4() for _ in range(count)]
+                params: list[Any] = [ids, [1] * count, ["t"] * count, [b"x"] * count]
+                if count <= VALUES_UP_TO:
+                    params = [field for event in zip(*params, strict=True) for field in event]
+                rows = conn.execute(recorder._insert_statement(count), params).fetchall()
+                assert len(rows) == count
                 row = conn.execute("SHOW synchronous_commit").fetchone()
                 assert row is not None and row[0] == setting
             row = conn.execute("SHOW synchronous_commit").fetchone()

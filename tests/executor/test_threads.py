@@ -1,0 +1,58 @@
+"""The tool threads drives share: reused from run to run, retired when a call hangs."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from saga.api import Saga
+from tests.standins import standins
+
+
+def _blocks() -> list[dict[str, Any]]:
+    return [c for c in standins.CALLS if c["tool"] == "block"]
+
+
+def _one(seconds: float, timeout_ms: int | None = None) -> dict[str, Any]:
+    step: dict[str, Any] = {"id": "b", "tool": "block", "args": {"seconds": seconds}}
+    if timeout_ms is not None:
+        step["timeout_ms"] = timeout_ms
+    return {"name": "one-block", "steps": [step]}
+
+
+def test_runs_driven_here_share_their_tool_threads(lite: Saga) -> None:
+    standins.CALLS.clear()
+    before = threading.active_count()
+    for _ in range(5):
+        assert lite.run(lite.load(_one(0.01))).status == "completed"
+    threads = {c["thread"] for c in _blocks()}
+    assert len(threads) == 1  # one thread served every run: none was started per run
+    assert threading.active_count() <= before + 1
+
+
+def test_a_call_given_up_on_retires_the_threads(lite: Saga) -> None:
+    """A timed-out call keeps its thread busy (a thread cannot be stopped): the next run
+    gets fresh threads rather than a pool the hung call may fill."""
+    standins.CALLS.clear()
+    assert lite.run(lite.load(_one(0.01))).status == "completed"
+    first = lite.threads.pool
+    run = lite.run(lite.load(_one(0.5, timeout_ms=50)))
+    assert run.status == "failed" and run.error is not None
+    assert run.error["type"] == "timeout"
+    assert lite.threads.pool is not first
+    assert lite.run(lite.load(_one(0.01))).status == "completed"
+    time.sleep(0.6)  # the hung call ends in its own time, on its own thread
+    calls = _blocks()
+    assert len(calls) == 3
+    assert calls[1]["thread"] != calls[2]["thread"]
+
+
+def test_a_worker_shares_its_threads_across_its_drives(lite: Saga) -> None:
+    standins.CALLS.clear()
+    for _ in range(4):
+        lite.submit(lite.load(_one(0.01)))
+    worker = lite.worker_loop(concurrency=1, poll_interval=0.05)
+    assert worker.run(until_idle=True) == 4
+    assert len({c["thread"] for c in _blocks()}) == 1
+    assert worker.threads.max_threads == 16
