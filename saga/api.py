@@ -320,7 +320,9 @@ class Saga:
         (waiting up to ``wait`` seconds, default one lease length, for another holder)."""
         seconds = self.settings.lease_seconds
         lease = wait_for_lease(self.leases, run.run_id, self.worker, seconds,
-                               seconds if wait is None else wait, run.queue)
+                               seconds if wait is None else wait, run.queue,
+                               with_first_append=run.version == len(run.pending_events)
+                               and self.app.claims_with_append())
         executor = self.executor(on_events)
         try:
             if run.version > 0 and run.pending_events == []:
@@ -393,8 +395,7 @@ class Saga:
         return [r["run_id"] for r in rows
                 if failed_step is None or r["failed_step"] == failed_step]
 
-    def signal(self, run_id: str, name: str, data: Any = None, *,
-               actor: str | None = None) -> Run:
+    def signal(self, run_id: str, name: str, data: Any = None, *, actor: str | None = None) -> Run:
         """Send a signal to a run: the first step waiting for ``name`` (now or later)
         completes with ``data`` as its output. Refused for a finished run."""
         check_signal_name(name)
@@ -406,8 +407,7 @@ class Saga:
             run.receive_signal(name, json_safe(data), actor or self.settings.actor)
         return self._append(run_id, record)
 
-    def pause(self, run_id: str, *, actor: str | None = None,
-              reason: str | None = None) -> Run:
+    def pause(self, run_id: str, *, actor: str | None = None, reason: str | None = None) -> Run:
         """Pause a run: no new step starts; attempts in flight finish."""
         def record(run: Run) -> None:
             if run.is_finished or run.paused or run.compensation is not None:

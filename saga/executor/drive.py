@@ -44,6 +44,10 @@ class LeaseLike(Protocol):
         """Extend the lease; False when another worker holds it now."""
         ...
 
+    def take_claim(self) -> Any:
+        """The claim the run's next append is to make (once), or None if it is held."""
+        ...
+
 EventHook = Callable[[Run, list[Any]], None]
 #: A drive's span outcome when the drive itself stops short, by exception.
 _CUT_SHORT = {"LeaseLostError": "lease_lost", "ConcurrentWriteError": "conflict",
@@ -311,8 +315,8 @@ class Drive:
             return
         if self.x.group is not None:  # a worker's group commit (one commit per turn)
             await self.x.group.save(self.run)
-        else:
-            self.x.app.save_run(self.run)
+        else:  # the first append of a new run may claim its lease in the same commit
+            self.x.app.save_run(self.run, self.lease.take_claim() if self.lease else None)
         metrics.recorded(self.run.name, pending, self._tool)
         if self.x.on_events is not None:
             self.x.on_events(self.run, pending)

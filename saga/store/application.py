@@ -30,6 +30,7 @@ from saga.errors import (
     StoreUnavailableError,
     first_line,
 )
+from saga.store.leases import LeaseClaim
 from saga.store.reconnect import Reconnect, connection_lost
 from saga.store.side_tables import DDL_LOCK, check_place, connect_postgres
 
@@ -172,9 +173,15 @@ class SagaApplication(Application[UUID]):
             run = event.mutate(run)  # type: ignore[attr-defined]
         return run
 
-    def save_run(self, run: Run) -> None:
+    def claims_with_append(self) -> bool:
+        """Whether a run's first append can claim its lease in the same statement
+        (:class:`saga.store.leases.LeaseClaim`): PostgreSQL with saga's recorder."""
+        return bool(getattr(self.recorder, "claims_with_append", False))
+
+    def save_run(self, run: Run, claim: LeaseClaim | None = None) -> None:
         """Append the run's pending events atomically; the version fence rejects a writer
-        that is behind.
+        that is behind. ``claim``: the append claims the run's lease too (see
+        :meth:`claims_with_append`), or stores nothing and raises LeaseHeldError.
 
         A lost connection is ridden out, and an append whose outcome it left unknown (the
         commit may or may not have happened) is resolved by reading the run's events at
@@ -185,20 +192,21 @@ class SagaApplication(Application[UUID]):
         if not pending:
             return
         tries = 0
+        lease = {} if claim is None else {"lease": claim}  # passed down to the recorder
 
         def append() -> None:
             nonlocal tries
             tries += 1
             try:
                 if tries == 1:
-                    self.save(run)  # collects the events (and takes due snapshots)
+                    self.save(run, **lease)  # collects the events (and takes due snapshots)
                     return
                 stored = self._stored(pending)
                 if stored is True:
                     return  # the commit we lost sight of went through
                 if stored is False:
                     raise ConcurrentWriteError(run.run_id)
-                self.save(*pending)  # it never landed: append the same events again
+                self.save(*pending, **lease)  # it never landed: append the same again
             except IntegrityError:
                 if tries > 1 and self._stored(pending) is True:
                     return

@@ -11,11 +11,14 @@ being driven: :meth:`Leases.claim_queued` counts them, and the queue's recent st
 (a transaction-scoped advisory lock in PostgreSQL; SQLite's ``BEGIN IMMEDIATE``
 serialises every writer), so a queue's limits hold across every worker together.
 
-A claim is an ordinary (flushed) commit. Renewals and releases commit without waiting
-for their WAL flush (PostgreSQL; see :meth:`Database.execute`): a server crash can only
-lose one that no later commit flushed, which moves the lease's expiry (a release lost:
-the run waits for its lease to expire; a renewal lost: it may be taken over early, which
-the version fence already covers, as for any expired lease).
+A claim is an ordinary (flushed) commit. A run never saved yet may instead be claimed by
+the statement that appends its first events (:class:`LeaseClaim`, on PostgreSQL with
+saga's recorder): the lease and the run appear in one commit, one round trip fewer.
+Renewals and releases commit without waiting for their WAL flush (PostgreSQL; see
+:meth:`Database.execute`): a server crash can only lose one that no later commit
+flushed, which moves the lease's expiry (a release lost: the run waits for its lease to
+expire; a renewal lost: it may be taken over early, which the version fence already
+covers, as for any expired lease).
 """
 
 from __future__ import annotations
@@ -157,22 +160,44 @@ class Leases:
         return Lease(self, run_id, worker, seconds)
 
 
+@dataclass(frozen=True)
+class LeaseClaim:
+    """A lease claim the run's first append makes in its own statement (the claim of
+    :meth:`Leases.claim`: unless another worker holds an unexpired lease; the append
+    stores nothing then, and raises LeaseHeldError)."""
+
+    run_id: str
+    worker: str
+    expires_at: float
+    queue: str | None
+    now: float
+
+
 @dataclass
 class Lease:
-    """One held lease, renewed by the executor every third of its length."""
+    """One held lease, renewed by the executor every third of its length (``claim``: not
+    claimed yet; the run's first append claims it)."""
 
     leases: Leases
     run_id: str
     worker: str
     seconds: float
+    claim: LeaseClaim | None = None
 
     @property
     def renew_every(self) -> float:
         """How often to renew."""
         return max(self.seconds / 3, 0.05)
 
+    def take_claim(self) -> LeaseClaim | None:
+        """The claim the next append is to make (once), if it is still to be made."""
+        claim, self.claim = self.claim, None
+        return claim
+
     def renew(self) -> bool:
         """Extend the lease; False when another worker holds it now."""
+        if self.claim is not None:
+            return True  # not claimed yet: the first append claims it for a whole length
         return self.leases.renew(self.run_id, self.worker, self.seconds)
 
     def release(self, quiet: bool = False) -> None:
@@ -192,9 +217,19 @@ def _key(queue: str) -> int:
 
 
 def wait_for_lease(leases: Leases, run_id: str, worker: str, seconds: float,
-                   wait: float, queue: str | None = None) -> Lease:
+                   wait: float, queue: str | None = None, *,
+                   with_first_append: bool = False) -> Lease:
     """Claim a run's lease, waiting up to ``wait`` seconds for another holder's to expire
-    (the lease counts in ``queue``, but is not held back by its limits)."""
+    (the lease counts in ``queue``, but is not held back by its limits).
+
+    ``with_first_append``: the run was never saved and the store can claim in the
+    statement of its first append: the lease is returned unclaimed, carrying its claim.
+    Nothing waits then: a run not yet saved has a holder only if another process is
+    starting the same run id, and that one's events would conflict anyway."""
+    if with_first_append:
+        now = leases.clock()
+        return Lease(leases, run_id, worker, seconds,
+                     LeaseClaim(run_id, worker, now + seconds, queue, now))
     deadline = time.monotonic() + wait
     while not leases.claim(run_id, worker, seconds, queue):
         if time.monotonic() >= deadline:

@@ -31,6 +31,7 @@ from saga.config import Settings
 from saga.domain import Run, run_uuid
 from saga.errors import ConfigError
 from saga.store.application import SagaApplication, event_json
+from saga.store.leases import LeaseClaim
 
 
 def partition_of(run_id: str | UUID, count: int) -> int:
@@ -107,8 +108,14 @@ class PartitionedApp(SagaApplication):
         """The run folded from its events alone, from its partition."""
         return self.part(run_id).rebuild(run_id, version)
 
-    def save_run(self, run: Run) -> None:
+    def claims_with_append(self) -> bool:
+        """False: leases live in the first partition, a run's events in its own."""
+        return False
+
+    def save_run(self, run: Run, claim: LeaseClaim | None = None) -> None:
         """Append the run's pending events in its partition (one transaction there)."""
+        if claim is not None:
+            raise ConfigError("a partitioned store claims leases on their own")
         self.part(run.id).save_run(run)
 
     def save_runs(self, runs: list[Run]) -> list[Exception | None]:

@@ -24,7 +24,9 @@ an id below ``H`` (assigned before the first snapshot). If T had finished by the
 row is visible to the second statement (or T aborted and there is no row). Otherwise T
 was in progress at the first snapshot; an insert takes the table's ``RowExclusiveLock``
 before its statement assigns the transaction id (the insert is the transaction's only
-statement), so T held that lock: either it still held it when the horizon query read
+statement; when it also claims a run's lease, in a data-modifying ``WITH``, every table
+the statement writes is locked as it is parsed, before any of it runs), so T held that
+lock: either it still held it when the horizon query read
 ``pg_locks`` (then ``H`` would be at most T's id) or it had released it, i.e. finished,
 before the second statement began, whose snapshot then sees the row.
 
@@ -65,6 +67,9 @@ from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastor
 from eventsourcing.utils import retry
 from psycopg import errors
 from psycopg.sql import SQL, Composed, Identifier, Literal
+
+from saga.errors import LeaseHeldError
+from saga.store.leases import LeaseClaim
 
 #: Bits of a notification id below the transaction id: events per insert must fit.
 ORDINAL_BITS = 20
@@ -114,11 +119,12 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
             "), (SELECT pg_snapshot_xmax(s.snap) FROM s))::text::bigint AS h"
         ).format(rel=Literal(qualified))
 
-    def _insert_statement(self, count: int) -> bytes:
+    def _insert_statement(self, count: int, claim: bool = False) -> bytes:
         """The insert of ``count`` events, rendered once per count: a few events (a step's
         save) are one row of parameters each, which psycopg adapts in a fraction of the
-        time four arrays take; a larger batch (a group commit) passes arrays."""
-        statement = self._statements.get(count)
+        time four arrays take; a larger batch (a group commit) passes arrays. ``claim``:
+        the statement first claims a run's lease (:meth:`_with_claim`)."""
+        statement = self._statements.get(-count if claim else count)
         if statement is not None:
             return statement
         events: SQL | Composed
@@ -132,7 +138,9 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
                          "WITH ORDINALITY AS e(i, v, t, s, o)").format(t=SQL(self._id_type))
         new_id = SQL("(pg_current_xact_id()::text::bigint << {bits}) + e.o").format(
             bits=SQL(str(ORDINAL_BITS)))
-        if self.wait_for_flush:
+        if claim:
+            query = self._with_claim(new_id, events)
+        elif self.wait_for_flush:
             query = SQL(
                 "INSERT INTO {table} (originator_id, originator_version, topic, state, "
                 "notification_id) SELECT e.i, e.v, e.t, e.s, {new_id} FROM {events} "
@@ -154,8 +162,33 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
                 "AND p.originator_version = e.v - 1) THEN {new_id} END FROM c, e "
                 "ORDER BY e.o RETURNING notification_id").format(
                 table=self._table, new_id=new_id, events=events)
-        statement = self._statements[count] = query.as_bytes(None)
+        statement = self._statements[-count if claim else count] = query.as_bytes(None)
         return statement
+
+    def _with_claim(self, new_id: Composed, events: SQL | Composed) -> Composed:
+        """The insert, preceded in the same statement by the claim of a run's lease (as
+        :meth:`saga.store.leases.Leases.claim` makes it), storing the events only if the
+        claim was made. Still one statement: both tables are locked before it assigns
+        its transaction id, so the readers' horizon holds (see the module docs)."""
+        if not self.wait_for_flush:
+            raise ProgrammingError("a lease is claimed with an append only when the "
+                                   "append waits for its flush")
+        leases = SQL("{0}.saga_leases").format(Identifier(self.datastore.schema))
+        return SQL(
+            "WITH l AS (INSERT INTO {leases} AS cur (run_id, worker, expires_at, queue) "
+            "VALUES (%s, %s, %s, %s) ON CONFLICT (run_id) DO UPDATE SET "
+            "worker = excluded.worker, expires_at = excluded.expires_at, "
+            "queue = excluded.queue WHERE cur.expires_at < %s OR cur.worker = excluded.worker "
+            "RETURNING 1) "
+            "INSERT INTO {table} (originator_id, originator_version, topic, state, "
+            "notification_id) SELECT e.i, e.v, e.t, e.s, {new_id} FROM {events} "
+            "WHERE EXISTS (SELECT 1 FROM l) ORDER BY e.o RETURNING notification_id").format(
+            leases=leases, table=self._table, new_id=new_id, events=events)
+
+    @property
+    def claims_with_append(self) -> bool:
+        """Whether an append can claim a run's lease in its own statement."""
+        return self.wait_for_flush
 
     def create_table(self) -> None:
         """The library's, tried again when another process creates the same objects at
@@ -174,9 +207,11 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
 
     # -- writing ---------------------------------------------------------------------
 
-    def insert_events(self, stored_events: Sequence[StoredEvent],
-                      **kwargs: Any) -> Sequence[int] | None:
-        """Insert the events in one autocommit statement (one round trip, atomic).
+    def insert_events(self, stored_events: Sequence[StoredEvent], *,
+                      lease: LeaseClaim | None = None, **kwargs: Any) -> Sequence[int] | None:
+        """Insert the events in one autocommit statement (one round trip, atomic); with
+        ``lease``, the same statement claims the run's lease first, and stores nothing
+        (raising LeaseHeldError) if another worker holds it.
 
         Never tried again here (the library's recorder is): after a lost connection the
         statement may have committed, and only the caller can tell, by reading back."""
@@ -193,11 +228,20 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
             params = ([e.originator_id for e in stored_events],
                       [e.originator_version for e in stored_events],
                       [e.topic for e in stored_events], [e.state for e in stored_events])
-        statement = self._insert_statement(count)
+        statement = self._insert_statement(count, claim=lease is not None)
+        if lease is not None:
+            params = [lease.run_id, lease.worker, lease.expires_at, lease.queue, lease.now,
+                      *params]
         with self.datastore.get_connection() as conn, conn.cursor() as curs:
             assert conn.autocommit
             curs.execute(statement, params, prepare=True)
-            return [row["notification_id"] for row in curs.fetchall()]
+            ids = [row["notification_id"] for row in curs.fetchall()]
+            if lease is not None and not ids:
+                curs.execute(SQL("SELECT worker FROM {0}.saga_leases WHERE run_id = %s").format(
+                    Identifier(self.datastore.schema)), (lease.run_id,))
+                row = curs.fetchone()
+                raise LeaseHeldError(lease.run_id, row["worker"] if row else "unknown")
+            return ids
 
     # -- reading ---------------------------------------------------------------------
 

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from saga.api import Saga
 from saga.config import Settings
+from saga.errors import LeaseHeldError, RunNotFoundError
 from saga.store.leases import Leases
-from saga.tools import Registry
+from saga.tools import Registry, Tool
 
 
 def test_claim_renew_release_on_both_stores(saga: Saga) -> None:
@@ -54,3 +59,49 @@ def test_renewals_and_releases_commit_without_waiting_for_the_flush(
             assert row is not None and row[0] == "on"
     finally:
         s.close()
+
+
+def _holder_seen(saga: Saga, seen: list[Any]) -> Any:
+    """A tool that records who holds its run's lease while it runs."""
+    from saga import ToolContext
+
+    def look(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        seen.append(saga.leases.holder(ctx.run_id))
+        return {}
+    return look
+
+
+def test_a_new_run_is_claimed_by_its_first_append(saga: Saga) -> None:
+    """On PostgreSQL (saga's recorder) a run never saved is claimed by the statement of its
+    first append, not by a commit of its own; on SQLite by a claim first. Either way the
+    lease is held while its steps run, and given up after."""
+    seen: list[Any] = []
+    saga.registry.add(Tool("look_at_lease", _holder_seen(saga, seen)))
+    claims: list[str] = []
+    real_claim = saga.leases.claim
+
+    def counted(run_id: str, *args: Any, **kwargs: Any) -> bool:
+        claims.append(run_id)
+        return real_claim(run_id, *args, **kwargs)
+    saga.leases.claim = counted  # type: ignore[method-assign]
+    run = saga.run(saga.load({"name": "lease", "steps": [
+        {"id": "a", "tool": "look_at_lease"}, {"id": "b", "tool": "look_at_lease",
+                                               "depends_on": ["a"]}]}))
+    assert run.status == "completed"
+    assert [h[0] if h else None for h in seen] == [saga.worker, saga.worker]
+    assert saga.leases.holder(run.run_id) is None
+    assert claims == ([] if saga.app.claims_with_append() else [run.run_id])
+    assert saga.app.claims_with_append() == saga.settings.is_postgres
+
+
+def test_a_first_append_whose_lease_is_held_stores_nothing(saga: Saga) -> None:
+    """Another process holds the lease of a run id not yet saved (it is starting the same
+    run): the first append neither claims nor stores, and says who holds it."""
+    assert saga.leases.claim("ORDER-9", "someone-else", 30)
+    plan = saga.load({"name": "held", "steps": [{"id": "a", "tool": "noop"}]})
+    run = saga.start(plan, {}, run_id="ORDER-9")
+    with pytest.raises(LeaseHeldError, match="someone-else"):
+        saga.drive(run, wait=0.2)
+    with pytest.raises(RunNotFoundError):
+        saga.get("ORDER-9")
+    assert saga.leases.holder("ORDER-9")[0] == "someone-else"  # type: ignore[index]
