@@ -24,11 +24,12 @@ def _one(seconds: float, timeout_ms: int | None = None) -> dict[str, Any]:
 def test_runs_driven_here_share_their_tool_threads(lite: Saga) -> None:
     standins.CALLS.clear()
     before = threading.active_count()
-    for _ in range(5):
+    for _ in range(6):
         assert lite.run(lite.load(_one(0.01))).status == "completed"
-    threads = {c["thread"] for c in _blocks()}
-    assert len(threads) == 1  # one thread served every run: none was started per run
-    assert threading.active_count() <= before + 1
+    # The runs reuse the pool's threads instead of starting one each (a second thread
+    # may start if a run asks before the last call's thread has gone back to idle).
+    assert len({c["thread"] for c in _blocks()}) <= 2
+    assert threading.active_count() <= before + 2
 
 
 def test_a_call_given_up_on_retires_the_threads(lite: Saga) -> None:
@@ -50,9 +51,9 @@ def test_a_call_given_up_on_retires_the_threads(lite: Saga) -> None:
 
 def test_a_worker_shares_its_threads_across_its_drives(lite: Saga) -> None:
     standins.CALLS.clear()
-    for _ in range(4):
+    for _ in range(5):
         lite.submit(lite.load(_one(0.01)))
     worker = lite.worker_loop(concurrency=1, poll_interval=0.05)
-    assert worker.run(until_idle=True) == 4
-    assert len({c["thread"] for c in _blocks()}) == 1
+    assert worker.run(until_idle=True) == 5
+    assert len({c["thread"] for c in _blocks()}) <= 2  # not one per drive (see above)
     assert worker.threads.max_threads == 16
