@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 DEFAULT_PG_URL = os.environ.get("SAGA_BENCH_DATABASE_URL",
@@ -37,12 +37,21 @@ CHAIN = {"name": "commit-chain-3", "steps": [
     for i in range(3)]}
 
 
-def _interleaved(repeats: int, once: Callable[[str], float]) -> dict[str, list[float]]:
-    samples: dict[str, list[float]] = {m: [] for m in MODES}
-    for r in range(repeats):
-        for mode in (MODES if r % 2 == 0 else MODES[::-1]):
-            samples[mode].append(once(mode))
-    return samples
+def _interleaved(repeats: int, once: Callable[[str], float],
+                 opened: Iterable[Any]) -> dict[str, list[float]]:
+    """``once(mode)`` per repeat and mode, the order flipping every repeat, after a
+    warm-up of each mode; closes what was ``opened`` for it in the end."""
+    try:
+        for mode in MODES:
+            once(mode)
+        samples: dict[str, list[float]] = {m: [] for m in MODES}
+        for r in range(repeats):
+            for mode in (MODES if r % 2 == 0 else MODES[::-1]):
+                samples[mode].append(once(mode))
+        return samples
+    finally:
+        for thing in opened:
+            thing.close()
 
 
 def _report(title: str, unit: str, samples: dict[str, list[float]], digits: int) -> None:
@@ -80,12 +89,7 @@ def appends(url: str, schema: str, repeats: int, threads: int) -> dict[str, list
         for t in pool:
             t.join()
         return (time.perf_counter() - started) / (per_thread * threads) * 1000
-    try:
-        once("wait"), once("no-wait")  # warm up
-        return _interleaved(repeats, once)
-    finally:
-        for app in apps.values():
-            app.close()
+    return _interleaved(repeats, once, apps.values())
 
 
 def sequential_runs(url: str, schemas: dict[str, str], repeats: int) -> dict[str, list[float]]:
@@ -103,12 +107,7 @@ def sequential_runs(url: str, schemas: dict[str, str], repeats: int) -> dict[str
             if sagas[mode].run(plans[mode]).status != "completed":
                 raise SystemExit("a run did not complete")
         return 40 / (time.perf_counter() - started)
-    try:
-        once("wait"), once("no-wait")  # warm up
-        return _interleaved(repeats, once)
-    finally:
-        for s in sagas.values():
-            s.close()
+    return _interleaved(repeats, once, sagas.values())
 
 
 def main(argv: list[str] | None = None) -> int:

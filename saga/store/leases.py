@@ -48,10 +48,21 @@ LEASE_DDL = ("""CREATE TABLE IF NOT EXISTS saga_leases (
     ON saga_queue_starts (queue, started_at)""")
 
 
-_CLAIM = """INSERT INTO saga_leases (run_id, worker, expires_at, queue) VALUES (?, ?, ?, ?)
-    ON CONFLICT (run_id) DO UPDATE SET worker = excluded.worker,
-        expires_at = excluded.expires_at, queue = excluded.queue
-    WHERE saga_leases.expires_at < ? OR saga_leases.worker = excluded.worker"""
+#: When a claim takes a lease: nobody holds it, its holder's has expired, or it is ours
+#: already (``{now}``: the parameter of the time now). Every claim is this upsert.
+_TAKE = ("ON CONFLICT (run_id) DO UPDATE SET worker = excluded.worker, "
+         "expires_at = excluded.expires_at, queue = excluded.queue "
+         "WHERE saga_leases.expires_at < {now} OR saga_leases.worker = excluded.worker")
+
+
+def claim_sql(table: str = "saga_leases", mark: str = "?") -> str:
+    """The claim of one run's lease (parameters: run id, worker, expiry, queue, now) in
+    ``table`` (``saga_leases``, schema-qualified or not), ``mark`` marking parameters."""
+    return (f"INSERT INTO {table} (run_id, worker, expires_at, queue) "
+            f"VALUES ({mark}, {mark}, {mark}, {mark}) " + _TAKE.format(now=mark))
+
+
+_CLAIM = claim_sql()
 #: The advisory lock class of queue claims in PostgreSQL (the key is the queue's hash).
 QUEUE_LOCK = 0x5A6A
 
@@ -130,11 +141,8 @@ class Leases:
             cur.execute(
                 "INSERT INTO saga_leases (run_id, worker, expires_at, queue) "
                 "SELECT r, %s, %s, q FROM unnest(%s::text[], %s::text[]) AS c(r, q) "
-                "ON CONFLICT (run_id) DO UPDATE "
-                "SET worker = excluded.worker, expires_at = excluded.expires_at, "
-                "queue = excluded.queue "
-                "WHERE saga_leases.expires_at < %s OR saga_leases.worker = excluded.worker "
-                "RETURNING run_id", (worker, now + seconds, list(run_ids), list(queues), now))
+                + _TAKE.format(now="%s") + " RETURNING run_id",
+                (worker, now + seconds, list(run_ids), list(queues), now))
             held = {row[0] for row in cur.fetchall()}
         return [r for r in run_ids if r in held]
 

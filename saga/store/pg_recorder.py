@@ -69,7 +69,7 @@ from psycopg import errors
 from psycopg.sql import SQL, Composed, Identifier, Literal
 
 from saga.errors import LeaseHeldError
-from saga.store.leases import LeaseClaim
+from saga.store.leases import LeaseClaim, claim_sql
 
 #: Bits of a notification id below the transaction id: events per insert must fit.
 ORDINAL_BITS = 20
@@ -99,8 +99,9 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
         table = SQL("{0}.{1}").format(Identifier(self.datastore.schema),
                                       Identifier(self.events_table_name))
         self._table = table
+        self._leases = SQL("{0}.saga_leases").format(Identifier(self.datastore.schema))
         self._id_type = "uuid" if self.datastore.originator_id_type == "uuid" else "text"
-        self._statements: dict[int, bytes] = {}
+        self._statements: dict[tuple[int, bool], bytes] = {}
         qualified = ".".join('"' + name.replace('"', '""') + '"'
                              for name in (self.datastore.schema, self.events_table_name))
         # The lowest transaction id that may still add a row (see the module docs):
@@ -124,7 +125,7 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
         save) are one row of parameters each, which psycopg adapts in a fraction of the
         time four arrays take; a larger batch (a group commit) passes arrays. ``claim``:
         the statement first claims a run's lease (:meth:`_with_claim`)."""
-        statement = self._statements.get(-count if claim else count)
+        statement = self._statements.get((count, claim))
         if statement is not None:
             return statement
         events: SQL | Composed
@@ -162,7 +163,7 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
                 "AND p.originator_version = e.v - 1) THEN {new_id} END FROM c, e "
                 "ORDER BY e.o RETURNING notification_id").format(
                 table=self._table, new_id=new_id, events=events)
-        statement = self._statements[-count if claim else count] = query.as_bytes(None)
+        statement = self._statements[count, claim] = query.as_bytes(None)
         return statement
 
     def _with_claim(self, new_id: Composed, events: SQL | Composed) -> Composed:
@@ -173,17 +174,13 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
         if not self.wait_for_flush:
             raise ProgrammingError("a lease is claimed with an append only when the "
                                    "append waits for its flush")
-        leases = SQL("{0}.saga_leases").format(Identifier(self.datastore.schema))
         return SQL(
-            "WITH l AS (INSERT INTO {leases} AS cur (run_id, worker, expires_at, queue) "
-            "VALUES (%s, %s, %s, %s) ON CONFLICT (run_id) DO UPDATE SET "
-            "worker = excluded.worker, expires_at = excluded.expires_at, "
-            "queue = excluded.queue WHERE cur.expires_at < %s OR cur.worker = excluded.worker "
-            "RETURNING 1) "
+            "WITH l AS ({claim} RETURNING 1) "
             "INSERT INTO {table} (originator_id, originator_version, topic, state, "
             "notification_id) SELECT e.i, e.v, e.t, e.s, {new_id} FROM {events} "
             "WHERE EXISTS (SELECT 1 FROM l) ORDER BY e.o RETURNING notification_id").format(
-            leases=leases, table=self._table, new_id=new_id, events=events)
+            claim=SQL(claim_sql(self._leases.as_string(None), "%s")), table=self._table,
+            new_id=new_id, events=events)
 
     @property
     def claims_with_append(self) -> bool:
@@ -237,8 +234,8 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
             curs.execute(statement, params, prepare=True)
             ids = [row["notification_id"] for row in curs.fetchall()]
             if lease is not None and not ids:
-                curs.execute(SQL("SELECT worker FROM {0}.saga_leases WHERE run_id = %s").format(
-                    Identifier(self.datastore.schema)), (lease.run_id,))
+                curs.execute(SQL("SELECT worker FROM {0} WHERE run_id = %s").format(
+                    self._leases), (lease.run_id,))
                 row = curs.fetchone()
                 raise LeaseHeldError(lease.run_id, row["worker"] if row else "unknown")
             return ids
