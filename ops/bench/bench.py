@@ -352,8 +352,10 @@ class PostgresStore(Store):
 
 # -- 1. engine overhead per step and 2. runs per second ------------------------------------
 
-def run_batch(store: Store, shape: str, runs: int) -> dict[str, float]:
-    """Drive ``runs`` runs of one shape to completion; per-run averages."""
+def run_batch(store: Store, shape: str, runs: int, stored: bool = True) -> dict[str, float]:
+    """Drive ``runs`` runs of one shape to completion; per-run averages. With ``stored``
+    false, the engine alone: each turn's events are collected and nothing is appended
+    (the lease's SQL still runs)."""
     plan = store.plans[shape]
     commits = events = 0
 
@@ -362,17 +364,29 @@ def run_batch(store: Store, shape: str, runs: int) -> dict[str, float]:
         commits += 1
         events += len(batch)
 
+    app = store.saga.app
+    metered = app.__dict__["save_run"]
+    if not stored:
+        def collect(run: Run, claim: Any = None) -> None:
+            run.collect_events()
+        app.save_run = collect  # type: ignore[method-assign]
     store.meter.reset()
+    cpu = time.thread_time()  # the driving thread's (noop tools take next to none)
     started = time.perf_counter()
-    for _ in range(runs):
-        run = store.saga.run(plan, {}, on_events=on_events)
-        if run.status != "completed":
-            raise RuntimeError(f"{store.name} {shape}: run ended {run.status}: {run.error}")
+    try:
+        for _ in range(runs):
+            run = store.saga.run(plan, {}, on_events=on_events)
+            if run.status != "completed":
+                raise RuntimeError(f"{store.name} {shape}: run ended {run.status}: {run.error}")
+    finally:
+        app.save_run = metered  # type: ignore[method-assign]
     elapsed = time.perf_counter() - started
+    cpu = time.thread_time() - cpu
     m = store.meter
     steps = len(plan.order)
     ms_per_run = elapsed * 1000 / runs
     return {"ms_per_run": ms_per_run, "ms_per_step": ms_per_run / steps,
+            "cpu_ms_per_step": cpu * 1000 / runs / steps,
             "commits_per_run": commits / runs, "events_per_run": events / runs,
             "lease_commits_per_run": m.lease_commits / runs,
             "save_ms_per_run": m.save_s * 1000 / runs,
@@ -452,6 +466,8 @@ def engine_phase(stores: list[Store], registry: Registry, budget: Budget,
     bare: dict[str, list[float]] = {shape: [] for shape in SHAPES}
     scaffolds: dict[str, list[float]] = {shape: [] for shape in SHAPES}
     compile_ms: dict[str, list[float]] = {s.name: [] for s in stores}
+    alone: dict[str, dict[str, list[dict[str, float]]]] = {
+        s.name: {shape: [] for shape in SHAPES} for s in stores}
     ratios: dict[str, dict[str, list[float]]] = {s.name: {shape: [] for shape in SHAPES}
                                                 for s in stores}
     for r in range(budget.repeats):
@@ -460,7 +476,7 @@ def engine_phase(stores: list[Store], registry: Registry, budget: Budget,
                                              for kind in ("bare", "scaffold")]
         for store in stores:
             tasks += [("floor", store, ""), ("compile", store, "")]
-            tasks += [("engine", store, shape) for shape in SHAPES]
+            tasks += [(kind, store, shape) for shape in SHAPES for kind in ("engine", "alone")]
         rng.shuffle(tasks)
         this_floor: dict[str, float] = {}
         this_engine: dict[tuple[str, str], float] = {}
@@ -475,6 +491,9 @@ def engine_phase(stores: list[Store], registry: Registry, budget: Budget,
                 this_floor[store.name] = ms
             elif kind == "compile":
                 compile_ms[store.name].append(compile_seconds(store) * 1000)
+            elif kind == "alone":
+                alone[store.name][shape].append(
+                    run_batch(store, shape, budget.runs[shape], stored=False))
             else:
                 sample = run_batch(store, shape, budget.runs[shape])
                 engine[store.name][shape].append(sample)
@@ -490,6 +509,7 @@ def engine_phase(stores: list[Store], registry: Registry, budget: Budget,
             sample = run_batch(store, "chain3", budget.rps_runs)
             rps[store.name].append(1000 / sample["ms_per_run"])
     results["engine"] = engine
+    results["engine_alone"] = alone
     results["floor_ms"] = floors
     results["bare_ms_per_step"] = bare
     results["scaffold_ms_per_run"] = scaffolds
@@ -769,14 +789,17 @@ def engine_table(stores: list[Store], results: dict[str, Any]) -> list[str]:
 def breakdown_table(stores: list[Store], results: dict[str, Any]) -> list[str]:
     lines = ["| store | composition | ms/run | in `save_run` (event commits) "
              "| in lease SQL (claim + release) | rest, in process | rest per step "
-             "| of which scaffold (asyncio + threads) | `save_run` ÷ event commits ÷ floor |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| of which scaffold (asyncio + threads) | `save_run` ÷ event commits ÷ floor "
+             "| CPU per step, driving thread, ms | the engine alone (nothing appended): "
+             "ms/step, CPU ms/step |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for store in stores:
         floor = med(results["floor_ms"][store.name])
         for shape in SHAPES:
             samples = results["engine"][store.name][shape]
             steps = len(store.plans[shape].order)
             per_commit = [x["save_ms_per_run"] / x["commits_per_run"] for x in samples]
+            alone = results["engine_alone"][store.name][shape]
             lines.append(
                 f"| {store.name} | {SHAPE_TITLES[shape]} "
                 f"| {spread([x['ms_per_run'] for x in samples])} "
@@ -785,7 +808,10 @@ def breakdown_table(stores: list[Store], results: dict[str, Any]) -> list[str]:
                 f"| {spread([x['rest_ms_per_run'] for x in samples])} "
                 f"| {spread([x['rest_ms_per_run'] / steps for x in samples])} "
                 f"| {spread(results['scaffold_ms_per_run'][shape])} "
-                f"| {num(med(per_commit) / floor)}× |")
+                f"| {num(med(per_commit) / floor)}× "
+                f"| {spread([x['cpu_ms_per_step'] for x in samples])} "
+                f"| {spread([x['ms_per_step'] for x in alone])}, "
+                f"{spread([x['cpu_ms_per_step'] for x in alone])} |")
     return lines
 
 
@@ -815,6 +841,10 @@ def render(stores: list[Store], budget: Budget, results: dict[str, Any],
                                    for k, v in results["bare_ms_per_step"].items()) + ".",
             "", "Where a run's wall time goes (ms per run, from pass-through timers):", ""]
     out += breakdown_table(stores, results)
+    out += ["", "CPU per step is the driving thread's CPU time (`time.thread_time`) over the "
+            "batch. The engine alone is the same batch with `save_run` replaced by collecting "
+            "each turn's events (nothing appended; the lease's SQL still runs): what a step "
+            "costs before any event reaches the store."]
     out += ["", "### Composition overhead against seed 001's goal (< 200 ms, 3 steps)", "",
             "| store | 3-step run, ms | + load and validate the composition, ms "
             "| total, ms | goal |", "|---|---:|---:|---:|---|"]

@@ -77,7 +77,6 @@ import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from saga.chain import definition_hash
 from saga.composition.definition import Definition, ErrorHandling, Step
 from saga.composition.graph_checks import graph_problems, validate, validate_list
 from saga.composition.graph_model import (
@@ -219,13 +218,9 @@ class GraphPlan(Plan):
                     update={"id": gate_step_id(node.id, gate)})
         return steps
 
-    def record(self) -> dict[str, Any]:
-        """The normalised graph (exit points filled in) as recorded in ``RunStarted``."""
+    def _dump(self) -> dict[str, Any]:
+        # Recorded in ``RunStarted``: the normalised graph, exit points filled in.
         return self.model.model_dump(mode="json", exclude_defaults=True)
-
-    def digest(self) -> str:
-        """sha256 of :meth:`record`'s canonical JSON."""
-        return definition_hash(self.record())
 
     @functools.cached_property
     def nodes(self) -> dict[str, Node]:

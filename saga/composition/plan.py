@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import json
 import re
 import textwrap
 from collections.abc import Collection, Iterable, Mapping
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from saga import expressions, secrets
+from saga.chain import definition_hash
 from saga.composition.dag import StepGraph
 from saga.composition.definition import Definition, Step, ToolCall, build
 from saga.errors import DefinitionError, ExpressionError, Problem
@@ -62,12 +64,23 @@ class Plan:
         return step
 
     def record(self) -> dict[str, Any]:
-        """The normalised definition as recorded in ``RunStarted``."""
-        return self.definition.to_json()
+        """The normalised definition as recorded in ``RunStarted`` (a new copy each time:
+        every run owns its own)."""
+        record: dict[str, Any] = json.loads(self._recorded[0])
+        return record
 
     def digest(self) -> str:
         """sha256 of :meth:`record`'s canonical JSON."""
-        return self.definition.digest()
+        return self._recorded[1]
+
+    @functools.cached_property
+    def _recorded(self) -> tuple[str, str]:
+        # The definition is immutable: dumped and hashed once, not on every run's start.
+        record = self._dump()
+        return json.dumps(record), definition_hash(record)
+
+    def _dump(self) -> dict[str, Any]:
+        return self.definition.to_json()
 
     @functools.cached_property
     def position(self) -> dict[str, int]:

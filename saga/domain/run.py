@@ -36,6 +36,22 @@ from saga.domain.vocabulary import (
 from saga.errors import DoctoredSnapshotError
 
 _ENVELOPE = ("originator_id", "originator_version", "timestamp", "originator_topic")
+_DEFAULTS: dict[type, tuple[tuple[str, Any, Any], ...]] = {}
+
+
+def _defaults(event_class: type) -> tuple[tuple[str, Any, Any], ...]:
+    """The payload fields of an event class that have a default: ``(name, default,
+    factory)``, looked up once per class (a trigger is on every step's path)."""
+    found = _DEFAULTS.get(event_class)
+    if found is None:
+        found = _DEFAULTS[event_class] = tuple(
+            (f.name, f.default, None if f.default_factory is dataclasses.MISSING
+             else f.default_factory)
+            for f in dataclasses.fields(event_class)
+            if f.name not in CHAIN_FIELDS and f.name not in _ENVELOPE
+            and (f.default is not dataclasses.MISSING
+                 or f.default_factory is not dataclasses.MISSING))
+    return found
 
 
 class Run(RunCommands, StepStates, Aggregate):
@@ -137,13 +153,9 @@ class Run(RunCommands, StepStates, Aggregate):
     def trigger_event(self, event_class: Any, **kwargs: Any) -> None:
         """Trigger an event as the next link of the run's chain."""
         # Defaults are spelled out so the payload hash covers exactly what is stored.
-        for f in dataclasses.fields(event_class):
-            if f.name in kwargs or f.name in CHAIN_FIELDS or f.name in _ENVELOPE:
-                continue
-            if f.default is not dataclasses.MISSING:
-                kwargs[f.name] = f.default
-            elif f.default_factory is not dataclasses.MISSING:
-                kwargs[f.name] = f.default_factory()
+        for name, default, factory in _defaults(event_class):
+            if name not in kwargs:
+                kwargs[name] = default if factory is None else factory()
         timestamp = event_class.create_timestamp()
         actor = kwargs.pop("actor", None) or self.actor
         chain = link_fields(event_class.__name__, self.version + 1, iso(timestamp), actor,
@@ -216,9 +228,10 @@ class Run(RunCommands, StepStates, Aggregate):
             s.update(status="running", attempt=self.attempt, parameters=self.parameters,
                      idempotency_key=self.idempotency_key, worker=self.worker, retry_at=None,
                      error=None, wait=None, duration_ms=None)
-            s["started_at"] = s["started_at"] or iso(self.timestamp)
-            s["attempt_started_at"] = iso(self.timestamp)
-            s["running_since"] = iso(self.timestamp)  # until this attempt ends
+            at = iso(self.timestamp)
+            s["started_at"] = s["started_at"] or at
+            s["attempt_started_at"] = at
+            s["running_since"] = at  # until this attempt ends
 
     class StepCompleted(Event):
         """An attempt succeeded; its output exists only once this event is durable."""
