@@ -316,3 +316,40 @@ def test_a_waiting_run_survives_restarts_and_a_worker_continues_it(settings: Set
         assert final.status == "completed"
         assert final.approvals["deploy"]["actor"] == "carol"
         check_history(saga, run.run_id)
+
+
+def test_a_saga_run_killed_after_its_first_append_is_taken_over_when_its_lease_expires(
+        pg_settings: Settings, registry: Registry, tmp_path: Path) -> None:
+    """On PostgreSQL a new run's lease is claimed by the statement that appends its first
+    events. A ``saga run`` killed right after that commit (inside its first step's tool)
+    leaves a run whose lease is held by nobody alive: once the lease expires a worker takes
+    the run over, records the dead attempt as interrupted and finishes the run, calling the
+    tool again under the same idempotency key."""
+    settings = replace(pg_settings, lease_seconds=LEASE)
+    marker = tmp_path / "killed"
+    flow = tmp_path / "flow.json"
+    flow.write_text(json.dumps({"name": "killed-run", "steps": [
+        {"id": "risky", "tool": "effect", "idempotent": True,
+         "args": {"value": 1, "kill_once": str(marker)}},
+        effect("after", 2, depends_on=["risky"])]}), encoding="utf-8")
+    log = tmp_path / "calls.log"
+    env = store_env(settings) | {"SAGA_TEST_CALL_LOG": str(log)}
+    proc = subprocess.run([sys.executable, "-m", "saga.cli", "run", str(flow), "--id",
+                           "KILLED-1", "--tools", "tests.standins.standins"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -9, proc.stderr
+    with Saga(settings, registry=registry) as saga:
+        run = saga.get("KILLED-1")
+        assert [e["type"] for e in saga.history("KILLED-1")] == ["RunStarted", "StepStarted"]
+        held = saga.leases.holder(run.run_id)
+        assert held is not None  # claimed with the first append, by the process now dead
+        recover(saga)
+        final = saga.get("KILLED-1")
+        assert final.status == "completed", final.error
+        risky = [e for e in saga.history("KILLED-1") if e.get("step_id") == "risky"]
+        assert [e["type"] for e in risky] == ["StepStarted", "StepFailed", "StepStarted",
+                                             "StepCompleted"]
+        assert risky[1]["payload"]["error_type"] == "Interrupted"
+        assert risky[2]["payload"]["worker"] != risky[0]["payload"]["worker"]
+        assert marker.read_text() == f"{final.run_id}:risky:0"
+        check_history(saga, "KILLED-1")
