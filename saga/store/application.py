@@ -149,6 +149,8 @@ class SagaApplication(Application[UUID]):
 
         def read() -> Run | None:
             try:
+                if version is None and hasattr(self.recorder, "select_run"):
+                    return self._load(uid)
                 return self.repository.get(uid, version=version)
             except AggregateNotFoundError:
                 return None
@@ -158,6 +160,21 @@ class SagaApplication(Application[UUID]):
         run = self._io("reading a run", read)
         if run is None:
             raise RunNotFoundError(str(run_id))
+        return run
+
+    def _load(self, uid: UUID) -> Run | None:
+        """The run as the library's repository builds it (its latest snapshot, then the
+        events after it), read in one round trip (saga's PostgreSQL recorder)."""
+        snapshots = self.snapshots
+        table = None if snapshots is None else \
+            snapshots.recorder.events_table_name  # type: ignore[attr-defined]
+        snapshot, events = self.recorder.select_run(uid, table)  # type: ignore[attr-defined]
+        run: Run | None = None
+        if snapshot is not None:
+            assert snapshots is not None
+            run = snapshots.mapper.to_domain_event(snapshot).mutate(None)  # type: ignore[attr-defined]
+        for stored in events:
+            run = self.events.mapper.to_domain_event(stored).mutate(run)  # type: ignore[attr-defined]
         return run
 
     def rebuild(self, run_id: str | UUID, version: int | None = None) -> Run:

@@ -1,0 +1,61 @@
+"""Loading a run on PostgreSQL in one round trip (its latest snapshot and the events after
+it) builds exactly what the library's repository builds in two."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from saga.api import Saga
+from saga.config import Settings
+from saga.domain import run_uuid
+from saga.store.application import SagaApplication
+from saga.tools import Registry
+
+
+def chain(n: int) -> dict[str, Any]:
+    return {"name": f"chain-{n}", "steps": [
+        {"id": f"s{i}", "tool": "noop", **({"depends_on": [f"s{i - 1}"]} if i else {})}
+        for i in range(n)]}
+
+
+def state(run: Any) -> dict[str, Any]:
+    """What a run holds, without the indexes it derives on first use."""
+    return {k: v for k, v in vars(run).items() if k not in ("_unsettled", "_touched",
+                                                             "_derived")}
+
+
+def test_one_round_trip_builds_what_the_repository_builds(pg_settings: Settings,
+                                                           registry: Registry) -> None:
+    settings = replace(pg_settings, snapshot_interval=3)
+    with Saga(settings, registry=registry) as saga:
+        app: SagaApplication = saga.app
+        submitted = saga.submit(saga.load(chain(2)))  # one event: no snapshot yet
+        finished = saga.run(saga.load(chain(7)))  # 16 events: snapshots at 3, 6, ... 15
+        loaded = 0
+        for run_id in (submitted.run_id, finished.run_id):
+            uid = run_uuid(run_id)
+            via_repository = app.repository.get(uid)
+            snapshot, events = app.recorder.select_run(  # type: ignore[attr-defined]
+                uid, app.snapshots.recorder.events_table_name)  # type: ignore[union-attr]
+            one_trip = app.get_run(run_id)
+            assert one_trip.version == via_repository.version
+            assert state(one_trip) == state(via_repository)
+            if run_id == finished.run_id:
+                assert snapshot is not None and snapshot.originator_version == 15
+                assert [e.originator_version for e in events] == [16]
+            else:
+                assert snapshot is None and [e.originator_version for e in events] == [1]
+            loaded += 1
+        assert loaded == 2
+        # Without snapshots: the events alone, still one statement.
+        assert app.recorder.select_run(  # type: ignore[attr-defined]
+            run_uuid(finished.run_id), None)[0] is None
+        assert [e.originator_version for e in app.recorder.select_run(  # type: ignore[attr-defined]
+            run_uuid(finished.run_id), None)[1]] == list(range(1, 17))
+
+
+def test_a_run_nobody_started_is_not_found(pg_settings: Settings, registry: Registry) -> None:
+    with Saga(pg_settings, registry=registry) as saga:
+        saga.submit(saga.load(chain(1)))
+        assert saga.app._load(run_uuid("NOBODY")) is None
