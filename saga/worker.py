@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -254,6 +255,9 @@ class Worker:
         self.group = GroupCommit(app)
         #: As many tool threads for all drives as each drive had of its own.
         self.threads = ToolThreads(TOOL_THREADS * concurrency)
+        #: Runs whose drive ended, whose leases the next look gives up (appended on the
+        #: event loop, taken in the look's thread).
+        self._ended: deque[str] = deque()
 
     def run(self, *, until_idle: bool = False, stop: Callable[[], bool] | None = None) -> int:
         """Work until ``stop()`` says so (or, with ``until_idle``, nothing is runnable);
@@ -266,36 +270,41 @@ class Worker:
     async def _run(self, until_idle: bool, stop: Callable[[], bool]) -> int:
         active: dict[str, asyncio.Task[None]] = {}
         failures = 0  # rounds in a row that found the store unreachable
-        while not stop():
-            for run_id, task in list(active.items()):
-                if task.done():
-                    active.pop(run_id)
-            try:
-                # In a thread: while the store is gone, each of its calls rides out the
-                # outage for up to reconnect_seconds, and the loop must keep driving the
-                # runs it has (their steps, their lease renewals) meanwhile.
-                started, held = await asyncio.to_thread(self._look, set(active))
-            except StoreUnavailableError as e:
-                # Each store call already rode out what it could; wait, then look again.
-                failures += 1
-                if failures == 1:
-                    log.warning("worker %s: %s; retrying with backoff", self.worker_id, e)
-                await self._pause(active, backoff(failures))
-                continue
-            if failures:
-                log.warning("worker %s: the store is back", self.worker_id)
-                failures = 0
-            for run_id in started:
-                active[run_id] = asyncio.ensure_future(self._drive(run_id))
-            claimed = len(started)
-            # A run held back only by its queue's rate is work this worker can do itself
-            # once the period passes; one held back by a full queue waits for the runs
-            # other workers drive, and is not runnable now.
-            if until_idle and not active and not claimed and "rate" not in held.values():
-                break
-            await self._pause(active, self.poll_interval)
-        for task in active.values():
-            task.cancel()
+        try:
+            while not stop():
+                for run_id, task in list(active.items()):
+                    if task.done():
+                        active.pop(run_id)
+                try:
+                    # In a thread: while the store is gone, each of its calls rides out the
+                    # outage for up to reconnect_seconds, and the loop must keep driving the
+                    # runs it has (their steps, their lease renewals) meanwhile.
+                    started, held = await asyncio.to_thread(self._look, set(active))
+                except StoreUnavailableError as e:
+                    # Each store call already rode out what it could; wait, then look again.
+                    failures += 1
+                    if failures == 1:
+                        log.warning("worker %s: %s; retrying with backoff", self.worker_id, e)
+                    await self._pause(active, backoff(failures))
+                    continue
+                if failures:
+                    log.warning("worker %s: the store is back", self.worker_id)
+                    failures = 0
+                for run_id in started:
+                    active[run_id] = asyncio.ensure_future(self._drive(run_id))
+                claimed = len(started)
+                # A run held back only by its queue's rate is work this worker can do itself
+                # once the period passes; one held back by a full queue waits for the runs
+                # other workers drive, and is not runnable now.
+                if until_idle and not active and not claimed and "rate" not in held.values():
+                    break
+                await self._pause(active, self.poll_interval)
+        finally:
+            for task in active.values():
+                task.cancel()
+            # Their drives end (their leases join the ended), then the leases go.
+            await asyncio.gather(*active.values(), return_exceptions=True)
+            await asyncio.to_thread(self._release_ended)
         return self.driven
 
     def _look(self, driving: set[str]) -> tuple[list[str], dict[str, Claim]]:
@@ -311,6 +320,7 @@ class Worker:
                 raise
             except Exception:  # a broken schedule must not stop the worker's runs
                 log.exception("firing due schedules failed")
+        self._release_ended()
         active = set(driving)  # and those claimed in this look
         started: list[str] = []
         held: dict[str, Claim] = {}
@@ -341,6 +351,16 @@ class Worker:
             self.index.claimed(run_id)
             started.append(run_id)
         return started, held
+
+    def _release_ended(self) -> None:
+        """Give up the leases of the drives that ended since the last call."""
+        ended: list[str] = []
+        while self._ended:
+            ended.append(self._ended.popleft())
+        try:
+            self.leases.release_many(ended, self.worker_id)
+        except Exception:  # the leases expire anyway
+            log.warning("could not release the leases on %s", ", ".join(ended))
 
     @staticmethod
     async def _pause(active: dict[str, asyncio.Task[None]], seconds: float) -> None:
@@ -396,7 +416,6 @@ class Worker:
             log.exception("run %s failed in the worker", run_id)
         finally:
             self.driven += 1
-            try:
-                await loop.run_in_executor(None, lease.release)
-            except Exception:  # the lease expires anyway
-                log.warning("could not release the lease on %s", run_id)
+            # Given up with the others that ended by the next look, in one statement,
+            # before that look claims anything (so a queue's limits count it free).
+            self._ended.append(run_id)

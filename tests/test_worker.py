@@ -62,3 +62,34 @@ def test_a_look_that_raises_leaves_the_runs_in_flight_alone(lite: Saga) -> None:
     assert worker.run(until_idle=True) == 1
     assert len(calls) >= 3
     assert lite.get(str(run.id)).status == "completed"
+
+
+def test_leases_are_given_up_together_when_drives_end_or_the_worker_stops(saga: Saga) -> None:
+    """The leases of drives that ended go in one statement at the worker's next look (and
+    when it stops); a worker told to stop mid-drive gives its runs' leases up too, so
+    another worker takes them at once instead of after they expire."""
+    plan = saga.load({"name": "quick", "steps": [{"id": "a", "tool": "noop"}]})
+    quick = [saga.submit(plan).run_id for _ in range(3)]
+    releases: list[list[str]] = []
+    leases = saga.leases
+    release_many = leases.release_many
+
+    def counted(run_ids: Any, worker: str) -> None:
+        releases.append(list(run_ids))
+        release_many(run_ids, worker)
+
+    leases.release_many = counted  # type: ignore[method-assign]
+    worker = saga.worker_loop(concurrency=4, poll_interval=0.05, lease_seconds=60)
+    assert worker.run(until_idle=True) == 3
+    assert all(saga.get(r).status == "completed" for r in quick)
+    assert all(leases.holder(r) is None for r in quick)
+    assert sorted(r for batch in releases for r in batch) == sorted(quick)
+
+    slow = saga.submit(saga.load({"name": "slow", "steps": [
+        {"id": "wait", "tool": "block", "args": {"seconds": 1.0}}]})).run_id
+    started = time.monotonic()
+    stopper = saga.worker_loop(concurrency=1, poll_interval=0.05, lease_seconds=60)
+    stopper.run(stop=lambda: leases.holder(slow) is not None and
+                time.monotonic() - started > 0.3)
+    assert saga.get(slow).status == "running"  # stopped in the middle of its step
+    assert leases.holder(slow) is None  # given up, not left to expire in 60 s

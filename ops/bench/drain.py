@@ -59,8 +59,9 @@ def _worker(urls: tuple[str, ...], schema: str, recorder: str, commit: str, conc
         worker = saga.worker_loop(concurrency=concurrency, poll_interval=0.05)
         worker.index.refresh()
         barrier.wait()
+        cpu = time.process_time()
         worker.run(until_idle=True)
-        out.put((worker.driven, worker.group.commits))
+        out.put((worker.driven, worker.group.commits, time.process_time() - cpu))
 
 
 def drain_once(urls: tuple[str, ...], runs: int, steps: int, workers: int, concurrency: int,
@@ -89,7 +90,9 @@ def drain_once(urls: tuple[str, ...], runs: int, steps: int, workers: int, concu
         for p in procs:
             p.join(timeout=600)
         seconds = time.perf_counter() - started
-        commits = sum(out.get(timeout=10)[1] for _ in procs)
+        reports = [out.get(timeout=10) for _ in procs]
+        commits = sum(r[1] for r in reports)
+        cpu = sum(r[2] for r in reports)  # the worker processes' own, all threads
         with Saga(_settings(urls, schema, recorder), registry=load_registry([])) as saga:
             done = sum(saga.get(i).status == "completed" for i in ids)
             events = sum(len(part.recorder.select_notifications(start=None, limit=10**7))
@@ -97,7 +100,8 @@ def drain_once(urls: tuple[str, ...], runs: int, steps: int, workers: int, concu
         if done != runs:
             raise SystemExit(f"only {done} of {runs} runs completed")
         return {"seconds": seconds, "runs_per_s": runs / seconds,
-                "events_per_s": events / seconds, "events": events, "commits": commits}
+                "events_per_s": events / seconds, "events": events, "commits": commits,
+                "cpu_ms_per_run": cpu * 1000 / runs}
     finally:
         for url in urls:
             with psycopg.connect(url, autocommit=True) as conn:
@@ -134,15 +138,17 @@ def main(argv: list[str] | None = None) -> int:
             samples[(store, m, w)].append(s)
             print(f"[drain] repeat {r + 1}: {len(store)} database(s), {m}, {w} worker(s): "
                   f"{s['seconds']:.2f} s, {s['runs_per_s']:.0f} runs/s, "
-                  f"{s['events_per_s']:.0f} events/s, {s['commits']} commits",
+                  f"{s['events_per_s']:.0f} events/s, {s['commits']} commits, "
+                  f"{s['cpu_ms_per_run']:.2f} ms of worker CPU per run",
                   file=sys.stderr, flush=True)
     base = configs[0]
     print(f"\n{args.runs} runs of a {args.steps}-step noop chain, concurrency "
           f"{args.concurrency} per worker, recorder {args.recorder}, "
           f"{args.repeats} interleaved repeats (median [min..max])\n")
     print(f"| databases | commit | worker processes | runs/s | events/s | commits "
-          f"| × {len(base[0])} database, {base[1]}, {base[2]} worker(s) |")
-    print("|---:|---|---:|---:|---:|---:|---:|")
+          f"| worker CPU ms per run | × {len(base[0])} database, {base[1]}, {base[2]} "
+          "worker(s) |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
     for c in configs:
         rps = [s["runs_per_s"] for s in samples[c]]
         ratios = [a["runs_per_s"] / b["runs_per_s"]
@@ -150,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {len(c[0])} | {c[1]} | {c[2]} | {_spread(rps)} "
               f"| {_spread([s['events_per_s'] for s in samples[c]])} "
               f"| {statistics.median(s['commits'] for s in samples[c]):.0f} "
+              f"| {_spread([s['cpu_ms_per_run'] for s in samples[c]], 2)} "
               f"| {_spread(ratios, 2)} |")
     return 0
 

@@ -62,7 +62,8 @@ def targets_phase(url: str, quick: bool, repeats: int, floor: Any) -> dict[str, 
     group_runs, drain_runs = (60, 100) if quick else (200, 300)
     out: dict[str, list[float]] = {k: [] for k in (
         "one_at_a_time_eps", "concurrent_eps", "group_ratio", "one_worker_rps",
-        "four_workers_rps", "workers_ratio", "cli_s", "floor_ms", "group_commits")}
+        "four_workers_rps", "workers_ratio", "cli_s", "floor_ms", "group_commits",
+        "one_at_a_time_cpu", "concurrent_cpu")}
     for r in range(repeats):
         print(f"[bench] targets repeat {r + 1}/{repeats}", file=sys.stderr, flush=True)
         out["floor_ms"].append(floor())
@@ -71,6 +72,8 @@ def targets_phase(url: str, quick: bool, repeats: int, floor: Any) -> dict[str, 
         out["one_at_a_time_eps"].append(one["events_per_s"])
         out["concurrent_eps"].append(many["events_per_s"])
         out["group_commits"].append(many["commits"])
+        out["one_at_a_time_cpu"].append(one["cpu_ms_per_run"])
+        out["concurrent_cpu"].append(many["cpu_ms_per_run"])
         out["group_ratio"].append(many["events_per_s"] / one["events_per_s"])
         order = [1, 4] if r % 2 == 0 else [4, 1]
         got = {w: drain_once((url,), drain_runs, 5, w, 64, "xid") for w in order}
@@ -117,7 +120,9 @@ def targets_table(results: dict[str, Any]) -> list[str]:
     lines += ["", f"Commit floor (raw INSERT + COMMIT, PostgreSQL): {floor_text} ms. "
               f"Events/s behind the ratios: concurrency 1 {_spread(s['one_at_a_time_eps'])[1]}"
               f", concurrency 64 {_spread(s['concurrent_eps'])[1]} (in "
-              f"{_spread(s['group_commits'])[1]} group commits); runs/s: 1 worker "
+              f"{_spread(s['group_commits'])[1]} group commits; the worker's CPU per run, "
+              f"all its threads: {_spread(s['one_at_a_time_cpu'])[1]} ms at concurrency 1, "
+              f"{_spread(s['concurrent_cpu'])[1]} ms at 64); runs/s: 1 worker "
               f"{_spread(s['one_worker_rps'])[1]}, 4 workers "
               f"{_spread(s['four_workers_rps'])[1]}. This machine has "
               f"{os.cpu_count()} CPUs: 4 worker processes can use at most that many."]
