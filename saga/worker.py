@@ -15,6 +15,8 @@ every worker together. A run whose queue is at a limit is left for a later look.
 from __future__ import annotations
 
 import asyncio
+import bisect
+import heapq
 import json
 import logging
 import time
@@ -95,6 +97,15 @@ class RunIndex:
     #: The positions in the logs of a partitioned store's other partitions (each has its
     #: own log; ``position`` is the first's), by partition index.
     positions: dict[int, int] = field(default_factory=dict)
+    # Kept as the log is applied, so a look costs what changed, not the backlog: the
+    # runnable runs' claim order (priority, age, then when the index first saw them),
+    # and a heap of the others' next due times (see _place).
+    _ready: list[tuple[int, float, int, str]] = field(default_factory=list)
+    _keys: dict[str, tuple[int, float, int, str]] = field(default_factory=dict)
+    _due: list[tuple[str, str]] = field(default_factory=list)
+    _wakes: dict[str, str] = field(default_factory=dict)
+    _seen: dict[str, int] = field(default_factory=dict)
+    _seq: int = 0
 
     def refresh(self) -> None:
         """Read the log (of every partition) since the last refresh."""
@@ -118,6 +129,9 @@ class RunIndex:
 
     def _apply(self, run_id: str, topic: str, state: bytes) -> None:
         kind = event_name(topic)
+        if kind in ("RunStarted", *_REOPENING) and run_id not in self.runs:
+            self._seq += 1
+            self._seen[run_id] = self._seq  # ties in the claim order: first seen
         if kind == "RunStarted":
             self.runs[run_id] = _followed(_payload(state))
         elif kind in _REOPENING and run_id not in self.runs and run_id not in self.children:
@@ -156,6 +170,7 @@ class RunIndex:
         run.nudged = run.nudged or kind not in _QUIET
         if run.status in TERMINAL:
             del self.runs[run_id]
+        self._place(run_id)
 
     def _started(self, run_id: str) -> dict[str, Any]:
         """The ``RunStarted`` payload of a run started before this index's position."""
@@ -168,21 +183,47 @@ class RunIndex:
         or retry still to come) unless something happened since a driver last looked (a
         signal, a decision, unpausing)."""
         now = self.clock().isoformat()
-        ready = []
-        for run_id, run in self.runs.items():
-            if run.status == "paused":
-                continue
-            due = any(t is not None and t <= now
-                      for t in [*run.waits.values(), *run.retries.values(), run.deadline])
-            idle = run.status == "waiting" or bool(run.waits) or bool(run.retries)
-            if due or run.nudged or not idle:
-                ready.append(run_id)
-        return sorted(ready, key=lambda r: (-self.runs[r].priority, self.runs[r].started))
+        while self._due and self._due[0][0] <= now:  # waits come due: runnable till changed
+            wake, run_id = heapq.heappop(self._due)
+            if self._wakes.get(run_id) == wake:
+                del self._wakes[run_id]
+                self._enter(run_id)
+        return [key[3] for key in self._ready]
 
     def claimed(self, run_id: str) -> None:
         """A driver took the run: what happened so far is being looked at."""
         if run_id in self.runs:
             self.runs[run_id].nudged = False
+            self._place(run_id)
+
+    def _place(self, run_id: str) -> None:
+        """File a run after a change: runnable (claim order), waiting for a time (the
+        heap: due when the earliest of its waits, retries and deadline passes), or
+        neither (paused, finished, or waiting for a person or a signal alone)."""
+        key = self._keys.pop(run_id, None)
+        if key is not None:
+            del self._ready[bisect.bisect_left(self._ready, key)]
+        self._wakes.pop(run_id, None)  # its heap entry, if any, is skipped when popped
+        run = self.runs.get(run_id)
+        if run is None:
+            self._seen.pop(run_id, None)
+            return
+        if run.status == "paused":
+            return
+        idle = run.status == "waiting" or bool(run.waits) or bool(run.retries)
+        if run.nudged or not idle:
+            self._enter(run_id)
+            return
+        times = [t for t in [*run.waits.values(), *run.retries.values(), run.deadline]
+                 if t is not None]
+        if times:
+            self._wakes[run_id] = min(times)
+            heapq.heappush(self._due, (self._wakes[run_id], run_id))
+
+    def _enter(self, run_id: str) -> None:
+        run = self.runs[run_id]
+        key = self._keys[run_id] = (-run.priority, run.started, self._seen[run_id], run_id)
+        bisect.insort(self._ready, key)
 
 
 #: Events that take a finished run up again.
