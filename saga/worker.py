@@ -70,6 +70,7 @@ class _Followed:
     priority: int = 0
     started: float = 0.0  # when it was started (POSIX time): older runs are claimed first
     begun: bool = False  # a driver recorded something: claiming it again starts nothing
+    seen: int = 0  # when the index first saw it: the last tie-break of the claim order
 
 
 def _followed(started: dict[str, Any], **kwargs: Any) -> _Followed:
@@ -104,8 +105,7 @@ class RunIndex:
     _keys: dict[str, tuple[int, float, int, str]] = field(default_factory=dict)
     _due: list[tuple[str, str]] = field(default_factory=list)
     _wakes: dict[str, str] = field(default_factory=dict)
-    _seen: dict[str, int] = field(default_factory=dict)
-    _seq: int = 0
+    _seen: int = 0  # runs the index has begun to follow
 
     def refresh(self) -> None:
         """Read the log (of every partition) since the last refresh."""
@@ -129,9 +129,8 @@ class RunIndex:
 
     def _apply(self, run_id: str, topic: str, state: bytes) -> None:
         kind = event_name(topic)
-        if kind in ("RunStarted", *_REOPENING) and run_id not in self.runs:
-            self._seq += 1
-            self._seen[run_id] = self._seq  # ties in the claim order: first seen
+        followed = self.runs.get(run_id)
+        seen = followed.seen if followed is not None else 0  # a replaced entry keeps it
         if kind == "RunStarted":
             self.runs[run_id] = _followed(_payload(state))
         elif kind in _REOPENING and run_id not in self.runs and run_id not in self.children:
@@ -140,6 +139,10 @@ class RunIndex:
         run = self.runs.get(run_id)
         if run is None:
             return  # not a run this index follows (e.g. a child run)
+        if not seen:
+            self._seen += 1
+            seen = self._seen
+        run.seen = seen
         run.begun = run.begun or kind in _BEGUN
         if kind in ("RunTimedOut", "CompensationStarted"):
             run.deadline = None
@@ -205,10 +208,7 @@ class RunIndex:
             del self._ready[bisect.bisect_left(self._ready, key)]
         self._wakes.pop(run_id, None)  # its heap entry, if any, is skipped when popped
         run = self.runs.get(run_id)
-        if run is None:
-            self._seen.pop(run_id, None)
-            return
-        if run.status == "paused":
+        if run is None or run.status == "paused":
             return
         idle = run.status == "waiting" or bool(run.waits) or bool(run.retries)
         if run.nudged or not idle:
@@ -222,7 +222,7 @@ class RunIndex:
 
     def _enter(self, run_id: str) -> None:
         run = self.runs[run_id]
-        key = self._keys[run_id] = (-run.priority, run.started, self._seen[run_id], run_id)
+        key = self._keys[run_id] = (-run.priority, run.started, run.seen, run_id)
         bisect.insort(self._ready, key)
 
 
@@ -438,7 +438,7 @@ class Worker:
         lease = self.leases.lease(run_id, self.worker_id, self.lease_seconds)
         loop = asyncio.get_running_loop()
         try:
-            # Reads and the release run in threads: the loop keeps driving other runs.
+            # The read runs in a thread: the loop keeps driving other runs.
             run = await loop.run_in_executor(None, self.app.get_run, run_id)
             if not run.is_finished:
                 executor = self.make_executor(self.worker_id, self.threads)

@@ -106,16 +106,31 @@ def test_the_kept_order_is_the_scanned_order(ops: list[tuple[Any, ...]]) -> None
         assert index.runnable() == scanned(index)
 
 
+class Unscannable(dict[str, Any]):
+    """The followed runs, refusing to be walked: a look must not scan them."""
+
+    def items(self) -> Any:
+        raise AssertionError("a look walked every followed run")
+
+    def values(self) -> Any:
+        raise AssertionError("a look walked every followed run")
+
+    def __iter__(self) -> Any:
+        raise AssertionError("a look walked every followed run")
+
+
 def test_a_look_does_not_scan_the_backlog() -> None:
-    """Ten thousand queued runs: a look returns them in claim order without re-sorting
-    them, and a run that finishes leaves the order at once."""
+    """Ten thousand queued runs: a look returns them in claim order without walking or
+    re-sorting them, and a run that finishes leaves the order at once."""
     index = Index(app=None, clock=lambda: BASE)  # type: ignore[arg-type]
     index.started_payloads = {}
     for i in range(10_000):
         name, payload = event("RunStarted", 0, None, i % 3, 10_000 - i, None)
         index._apply(f"q{i}", TOPIC_PREFIX + name, json.dumps(payload).encode())
+    expected = scanned(index)
+    index.runs = Unscannable(index.runs)
     order = index.runnable()
-    assert order == scanned(index)
+    assert order == expected
     assert order[0] == "q9998"  # highest priority (2), then the oldest start
     index._apply("q9998", TOPIC_PREFIX + "RunCompleted", b"{}")
     assert index.runnable()[0] == "q9995"
