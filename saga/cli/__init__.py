@@ -7,6 +7,6 @@ what they print. A command's module loads when the command runs (see
 :data:`saga.cli.app.COMMANDS`), so ``saga --help`` does not load the engine.
 """
 
-from saga.cli.app import main
+from saga.cli.app import main, run
 
-__all__ = ["main"]
+__all__ = ["main", "run"]

@@ -1,5 +1,5 @@
 """``python -m saga.cli``: the same as the ``saga`` command."""
 
-from saga.cli import main
+from saga.cli import run
 
-main()
+run()

@@ -9,12 +9,15 @@ another definition or inputs. Errors print one line on stderr;
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import json
 import logging
+import os
 import re
 import sys
-from typing import TYPE_CHECKING, Any
+import threading
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -148,8 +151,10 @@ class FilePath(click.Path):
 
 
 def _saga(tools: tuple[str, ...] = ()) -> Saga:
+    """The command's Saga, closed (its connections ended) when the command ends."""
     api = importlib.import_module("saga.api")  # the engine loads when a command needs it
     saga: Saga = api.Saga(load_settings(), tools=tools)
+    click.get_current_context().call_on_close(saga.close)
     return saga
 
 
@@ -206,3 +211,39 @@ def main(debug: bool, log_format: str | None, log_level: str | None) -> None:
     """
     if log_format or log_level:
         logs.configure((log_format or "text").lower(), log_level)
+
+
+def run() -> NoReturn:
+    """The ``saga`` command: :data:`main`, then an exit that skips the interpreter's
+    teardown once nothing is left for it to finish.
+
+    Why: tearing down the engine's modules (freeing their objects one by one) took about
+    80 ms of a 0.35 s ``saga run``. Everything a normal exit does that matters still
+    happens: the command's Saga is closed with its context, the ``atexit`` handlers run
+    (log handlers flush, exporters send their spans), and stdout and stderr are flushed.
+    When a thread other than daemons is still running, or the exit status is not a
+    number, the normal exit is taken instead, which waits for those threads."""
+    try:
+        main.main(prog_name="saga")
+        code: Any = 0
+    except SystemExit as e:
+        code = e.code
+    _exit(code)
+
+
+def _exit(code: Any) -> NoReturn:
+    run_exitfuncs = getattr(atexit, "_run_exitfuncs", None)
+    if run_exitfuncs is None or not (code is None or isinstance(code, int)):
+        sys.exit(code)
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join(0.5)  # a tool pool just shut down ends its threads at once
+            if thread.is_alive():
+                sys.exit(code)
+    run_exitfuncs()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        sys.exit(code)  # the normal exit reports an unwritable stdout as it always does
+    os._exit(code or 0)
