@@ -299,18 +299,40 @@ class Worker:
         #: Runs whose drive ended, whose leases the next look gives up (appended on the
         #: event loop, taken in the look's thread).
         self._ended: deque[str] = deque()
+        self._stopping: asyncio.Event | None = None
+        self._running: tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None = None
 
     def run(self, *, until_idle: bool = False, stop: Callable[[], bool] | None = None) -> int:
         """Work until ``stop()`` says so (or, with ``until_idle``, nothing is runnable);
-        returns how many drives ended."""
+        returns how many drives ended.
+
+        Once ``stop()`` is true the worker claims nothing more, and its drives finish the
+        calls they have in flight, record them and end (see
+        :class:`saga.executor.drive.Drive`); :meth:`halt` cuts that short."""
         try:
             return asyncio.run(self._run(until_idle, stop or (lambda: False)))
+        except asyncio.CancelledError:  # halted
+            return self.driven
         finally:
+            self._running = None
             self.threads.close()
+
+    def halt(self) -> None:
+        """Stop at once, from a signal handler or another thread: the drives are
+        cancelled, and each gives its run's lease up once the calls it gave up on have
+        returned from their threads."""
+        running = self._running
+        if running is not None:
+            loop, task = running
+            loop.call_soon_threadsafe(task.cancel)
 
     async def _run(self, until_idle: bool, stop: Callable[[], bool]) -> int:
         active: dict[str, asyncio.Task[None]] = {}
         failures = 0  # rounds in a row that found the store unreachable
+        self._stopping = asyncio.Event()
+        task = asyncio.current_task()
+        assert task is not None
+        self._running = (asyncio.get_running_loop(), task)
         try:
             while not stop():
                 for run_id, task in list(active.items()):
@@ -340,6 +362,11 @@ class Worker:
                 if until_idle and not active and not claimed and "rate" not in held.values():
                     break
                 await self._pause(active, self.poll_interval)
+            if active:
+                log.info("worker %s stopping: %d drives finish the calls in flight",
+                         self.worker_id, len(active))
+            self._stopping.set()
+            await asyncio.gather(*active.values(), return_exceptions=True)
         finally:
             for task in active.values():
                 task.cancel()
@@ -443,6 +470,7 @@ class Worker:
             if not run.is_finished:
                 executor = self.make_executor(self.worker_id, self.threads)
                 executor.group = self.group
+                executor.stopping = self._stopping
                 try:
                     await executor.drive_async(run, lease)
                 finally:

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
 from saga import Saga
 from saga.errors import StoreUnavailableError
 from saga.worker import WORKER_HOLD, Worker
+from tests.standins import standins
 
 
 def test_runs_in_flight_go_on_while_a_look_waits_on_the_store(lite: Saga) -> None:
@@ -91,5 +93,83 @@ def test_leases_are_given_up_together_when_drives_end_or_the_worker_stops(saga: 
     stopper = saga.worker_loop(concurrency=1, poll_interval=0.05, lease_seconds=60)
     stopper.run(stop=lambda: leases.holder(slow) is not None and
                 time.monotonic() - started > 0.3)
-    assert saga.get(slow).status == "running"  # stopped in the middle of its step
+    run = saga.get(slow)
+    assert run.status == "running"  # stopped in the middle of its step, which finished
+    assert run.steps["wait"]["status"] == "completed"
     assert leases.holder(slow) is None  # given up, not left to expire in 60 s
+
+
+def _calls(tool: str, run_id: str) -> list[dict[str, Any]]:
+    return [c for c in standins.CALLS if c["tool"] == tool and c["key"].startswith(run_id)]
+
+
+def test_a_stopping_worker_finishes_the_calls_in_flight_and_starts_nothing(
+        saga: Saga) -> None:
+    """Told to stop mid-step, a worker lets the step's call finish, records it, starts
+    no next step and gives the lease up; the next worker goes on from there, and no
+    step is called twice. A retry's in-process wait does not hold the stop up."""
+    plan = saga.load({"name": "drain", "steps": [
+        {"id": "slow", "tool": "block", "args": {"seconds": 1.0}},
+        {"id": "after", "tool": "noop", "depends_on": ["slow"]}]})
+    run_id = saga.submit(plan).run_id
+    stopper = saga.worker_loop(concurrency=2, poll_interval=0.05, lease_seconds=60)
+    stopper.run(stop=lambda: saga.get(run_id).steps.get("slow", {}).get("status")
+                == "running")
+    run = saga.get(run_id)
+    assert run.steps["slow"]["status"] == "completed"
+    assert "after" not in run.steps or run.steps["after"]["status"] == "pending"
+    assert saga.leases.holder(run_id) is None
+    assert saga.worker_loop(poll_interval=0.05).run(until_idle=True) == 1
+    run = saga.get(run_id)
+    assert run.status == "completed"
+    assert [c["attempt"] for c in _calls("block", run_id)] == [1]
+    assert not any(e.__class__.__name__ == "StepFailed" for e in saga.history(run_id))
+
+    retrying = saga.submit(saga.load({"name": "backoff", "steps": [
+        {"id": "flaky", "tool": "fail", "args": {"times": 1},
+         "retry": {"max_attempts": 2, "backoff": "fixed", "delay": 40, "jitter": 0}}]})
+    ).run_id
+    # Its executors wait up to a minute in-process, so the 40 s backoff is a timer.
+    waiting = Worker(saga.app, saga.leases,
+                     lambda w, threads: saga.executor(worker=w, hold=60, threads=threads),
+                     poll_interval=0.05, lease_seconds=60)
+    done = threading.Event()
+    threading.Thread(target=lambda: (waiting.run(
+        stop=lambda: saga.get(retrying).steps.get("flaky", {}).get("retry_at") is not None),
+        done.set()), daemon=True).start()
+    assert done.wait(20), "the stop waited for the retry's 40 s backoff"
+    flaky = saga.get(retrying).steps["flaky"]
+    assert flaky["attempt"] == 1 and flaky["retry_at"] is not None
+    assert saga.leases.holder(retrying) is None
+
+
+def test_a_halted_worker_keeps_the_lease_while_a_call_still_runs(saga: Saga) -> None:
+    """Stopped at once (halt: a second signal), the drive is cancelled, but the tool's
+    thread cannot be: the run's lease stays held, renewed, until the call returns, so
+    no other worker calls the step again meanwhile; then it is given up."""
+    run_id = saga.submit(saga.load({"name": "halt", "steps": [
+        {"id": "slow", "tool": "block", "args": {"seconds": 2.0}}]})).run_id
+    worker = saga.worker_loop(concurrency=1, poll_interval=0.05, lease_seconds=0.6)
+    seen: list[tuple[str, float] | None] = []
+
+    def watch() -> None:
+        while not _calls("block", run_id) and len(seen) < 400:
+            holder = saga.leases.holder(run_id)
+            if holder is not None and saga.get(run_id).steps.get("slow", {}).get(
+                    "status") == "running":
+                if not seen:
+                    worker.halt()
+                seen.append(holder)
+            time.sleep(0.05)
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    worker.run()
+    watcher.join()
+    ended = time.monotonic()
+    assert _calls("block", run_id), "the worker returned before the call did"
+    assert _calls("block", run_id)[0]["end"] <= ended
+    # Held past several lease lengths while the call ran, by this worker, renewed.
+    assert len(seen) > 20 and all(h is not None and h[0] == worker.worker_id for h in seen)
+    assert seen[-1][1] > seen[0][1] + 0.6  # type: ignore[index]
+    assert saga.leases.holder(run_id) is None
+    assert saga.get(run_id).steps["slow"]["status"] == "running"  # cut short: interrupted

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+from typing import Any
 
 import click
 
@@ -56,10 +57,18 @@ def worker(concurrency: int, until_idle: bool, worker_id: str | None,
         server = exported.serve(metrics_port, metrics_host)
         note(f"metrics on http://{metrics_host}:{server.server_port}/metrics")
     saga.sync_schedules()
-    stopping: list[int] = []
-    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     w = saga.worker_loop(worker_id=worker_id, concurrency=concurrency, poll_interval=poll,
                          lease_seconds=lease_seconds or saga.settings.lease_seconds)
+    stopping: list[int] = []
+
+    def on_signal(*_: Any) -> None:
+        # The first SIGTERM or Ctrl-C: the calls in flight finish and are recorded;
+        # the second: stop now.
+        stopping.append(1)
+        if len(stopping) > 1:
+            w.halt()
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     note(f"worker {w.worker_id} on {saga.settings.store_description}")
     try:
         driven = w.run(until_idle=until_idle, stop=lambda: bool(stopping))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -104,18 +104,40 @@ class Executor:
         self._undo_lock = threading.Lock()
         #: Set by a worker: appends go through its group commit instead of one by one.
         self.group: GroupCommit | None = None
+        #: Set by a worker, and set when it stops: its drives finish the calls they have
+        #: in flight, record them, start nothing new and end (see :class:`Drive`).
+        self.stopping: asyncio.Event | None = None
         self._own_threads = threads is None
         self.threads = ToolThreads(max_threads) if threads is None else threads
         self._pool = self.threads.pool
-        #: Whether a drive gave up on a call still running in a thread.
-        self.abandoned = False
+        self._calls: set[Future[Any]] = set()
+        self._calls_lock = threading.Lock()
+
+    def submit(self, call: Callable[[], Any]) -> Future[Any]:
+        """Run ``call`` in a tool thread; it counts among :meth:`calls_running` until it
+        returns, whether or not a drive still waits for it."""
+        future = self._pool.submit(call)
+        with self._calls_lock:
+            self._calls.add(future)
+        future.add_done_callback(self._returned)
+        return future
+
+    def _returned(self, future: Future[Any]) -> None:
+        with self._calls_lock:
+            self._calls.discard(future)
+
+    def calls_running(self) -> list[Future[Any]]:
+        """The calls still running in their threads (a drive may have given up on them:
+        a timeout, a cancelled drive)."""
+        with self._calls_lock:
+            return list(self._calls)
 
     def close(self) -> None:
         """Stop the tool threads if they are this executor's own; else retire them if a
-        call was given up on."""
+        call given up on still holds one."""
         if self._own_threads:
             self.threads.close()
-        elif self.abandoned:
+        elif self.calls_running():
             self.threads.retire(self._pool)
         if self._undo_db is not None:
             self._undo_db.close()

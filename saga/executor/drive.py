@@ -55,7 +55,15 @@ _CUT_SHORT = {"LeaseLostError": "lease_lost", "ConcurrentWriteError": "conflict"
 
 
 class Drive:
-    """One drive of one run: the loop of decide, record, save, perform."""
+    """One drive of one run: the loop of decide, record, save, perform.
+
+    When its worker stops (``executor.stopping`` is set), a drive holding a lease
+    drains: it starts nothing new, lets its in-process waits go (they are durable), waits
+    for the calls in flight, records their outcomes and ends; the run continues from
+    there with whoever claims it next, and no step is called twice. A drive cancelled
+    instead (a second signal, Ctrl-C) keeps its run's lease while calls it gave up on
+    still run in their threads: until they return, no other worker may call those
+    steps again. A child run's drive is part of its parent's step, and runs on."""
 
     def __init__(self, executor: Executor, run: Run, plan: Plan,
                  lease: LeaseLike | None) -> None:
@@ -92,28 +100,69 @@ class Drive:
             for action in scheduler.interrupted(self.plan, self.run):
                 self._apply(action)
         keeper = asyncio.ensure_future(self._keep_lease()) if self.lease else None
+        stopping = self.x.stopping if self.lease is not None else None
+        stop = asyncio.ensure_future(stopping.wait()) if stopping is not None else None
         try:
-            return await self._loop(keeper)
+            return await self._loop(keeper, stop)
+        except BaseException:
+            if self.lease is not None and self.x.calls_running():
+                for call in self.tasks:
+                    call.cancel()
+                await self._hold_lease()
+            raise
         finally:
-            for task in [*self.tasks, *([keeper] if keeper else [])]:
-                task.cancel()
+            for task in [*self.tasks, keeper, stop]:
+                if task is not None:
+                    task.cancel()
 
-    async def _loop(self, keeper: asyncio.Task[None] | None) -> Run:
+    async def _loop(self, keeper: asyncio.Task[None] | None,
+                    stop: asyncio.Task[Any] | None) -> Run:
         while True:
-            launches = self._advance()
+            draining = stop is not None and stop.done()
+            launches = [] if draining else self._advance()
             await self._save()
             for launch in launches:
                 self._launch(*launch)
+            if draining:
+                self._let_waits_go()
             if self.run.is_finished or not self.tasks:
                 return self.run
             waiting: set[asyncio.Future[Any]] = set(self.tasks)
             if keeper is not None:
                 waiting.add(keeper)
+            if stop is not None and not draining:
+                waiting.add(stop)
             done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
             if keeper is not None and keeper in done:
                 keeper.result()  # raises LeaseLostError
             for task in done:
-                self._record(calls.outcome_of(task, *self.tasks.pop(task)))  # type: ignore[arg-type,call-overload]
+                if task in self.tasks:
+                    self._record(calls.outcome_of(task, *self.tasks.pop(task)))
+
+    def _let_waits_go(self) -> None:
+        """Draining: end the in-process waits (a timer before a retry, a wake for a due
+        time). Each is recorded already, so whoever drives the run next keeps it."""
+        for task, (kind, *_) in list(self.tasks.items()):
+            if kind in ("timer", "wake"):
+                task.cancel()
+                self.tasks.pop(task)
+
+    async def _hold_lease(self) -> None:
+        """Renew the run's lease until the calls given up on return from their threads
+        (or another worker holds the lease, or the store cannot be reached)."""
+        assert self.lease is not None
+        loop = asyncio.get_running_loop()
+        pending = {asyncio.wrap_future(f) for f in self.x.calls_running()}
+        log.warning("run %s: waiting for %d call(s) still running before giving up its "
+                    "lease", self.run.run_id, len(pending))
+        while pending:
+            _, pending = await asyncio.wait(pending, timeout=self.lease.renew_every)
+            try:
+                if pending and not await loop.run_in_executor(None, self.lease.renew):
+                    return
+            except Exception as e:  # the lease expires on its own then
+                log.warning("run %s: could not renew its lease: %s", self.run.run_id, e)
+                return
 
     async def _keep_lease(self) -> None:
         """Renew the run's lease until the drive ends; raise when another worker took it."""
@@ -507,14 +556,8 @@ class Drive:
         return secrets.conceal(result, values)
 
     async def _in_thread(self, func: Callable[..., Any], *args: Any) -> Any:
-        loop = asyncio.get_running_loop()  # the thread sees this task's scope (logs, span)
+        # The thread sees this task's scope (logs, span).
         call = functools.partial(contextvars.copy_context().run, func, *args)
-        done = loop.run_in_executor(self.x._pool, call)
-        try:
-            return await done
-        except BaseException:
-            if not done.done() or done.cancelled():
-                self.x.abandoned = True  # its thread may still be busy with the call
-            raise
+        return await asyncio.wrap_future(self.x.submit(call))
 
 

@@ -106,8 +106,8 @@ class Service:
             self._thread.start()
 
     def stop(self) -> None:
-        """Stop the worker (attempts in flight are taken up again by any worker) and
-        release the store."""
+        """Stop the worker (its runs finish the calls in flight, for up to 30 s, and are
+        continued by any worker) and release the store."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
