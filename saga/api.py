@@ -321,8 +321,8 @@ class Saga:
         seconds = self.settings.lease_seconds
         lease = wait_for_lease(self.leases, run.run_id, self.worker, seconds,
                                seconds if wait is None else wait, run.queue,
-                               with_first_append=run.version == len(run.pending_events)
-                               and self.app.claims_with_append())
+                               with_first_append=run.version == len(run.pending_events),
+                               appends=self.app.claims_with_append())
         executor = self.executor(on_events)
         try:
             if run.version > 0 and run.pending_events == []:

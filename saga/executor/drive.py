@@ -48,6 +48,14 @@ class LeaseLike(Protocol):
         """The claim the run's next append is to make (once), or None if it is held."""
         ...
 
+    def ending(self) -> Any:
+        """The release the append that ends the run is to make, or None."""
+        ...
+
+    def ended(self) -> None:
+        """That append was made: the lease is given up."""
+        ...
+
 EventHook = Callable[[Run, list[Any]], None]
 #: A drive's span outcome when the drive itself stops short, by exception.
 _CUT_SHORT = {"LeaseLostError": "lease_lost", "ConcurrentWriteError": "conflict",
@@ -364,8 +372,14 @@ class Drive:
             return
         if self.x.group is not None:  # a worker's group commit (one commit per turn)
             await self.x.group.save(self.run)
-        else:  # the first append of a new run may claim its lease in the same commit
-            self.x.app.save_run(self.run, self.lease.take_claim() if self.lease else None)
+        elif self.lease is None:
+            self.x.app.save_run(self.run)
+        else:  # a new run's first append may claim its lease, and its last give it up
+            ending = self.lease.ending() if self.run.is_finished else None  # not both
+            claim = self.lease.take_claim()
+            self.x.app.save_run(self.run, claim, ending)
+            if ending is not None:
+                self.lease.ended()
         metrics.recorded(self.run.name, pending, self._tool)
         if self.x.on_events is not None:
             self.x.on_events(self.run, pending)

@@ -30,7 +30,7 @@ from saga.errors import (
     StoreUnavailableError,
     first_line,
 )
-from saga.store.leases import LeaseClaim
+from saga.store.leases import LeaseClaim, LeaseRelease
 from saga.store.reconnect import Reconnect, connection_lost
 from saga.store.side_tables import DDL_LOCK, check_place, connect_postgres
 
@@ -195,10 +195,12 @@ class SagaApplication(Application[UUID]):
         (:class:`saga.store.leases.LeaseClaim`): PostgreSQL with saga's recorder."""
         return bool(getattr(self.recorder, "claims_with_append", False))
 
-    def save_run(self, run: Run, claim: LeaseClaim | None = None) -> None:
+    def save_run(self, run: Run, claim: LeaseClaim | None = None,
+                 release: LeaseRelease | None = None) -> None:
         """Append the run's pending events atomically; the version fence rejects a writer
         that is behind. ``claim``: the append claims the run's lease too (see
         :meth:`claims_with_append`), or stores nothing and raises LeaseHeldError.
+        ``release``: the append gives the run's lease up too (the run ends with it).
 
         A lost connection is ridden out, and an append whose outcome it left unknown (the
         commit may or may not have happened) is resolved by reading the run's events at
@@ -209,7 +211,11 @@ class SagaApplication(Application[UUID]):
         if not pending:
             return
         tries = 0
-        lease = {} if claim is None else {"lease": claim}  # passed down to the recorder
+        lease: dict[str, Any] = {}  # passed down to the recorder
+        if claim is not None:
+            lease["lease"] = claim
+        if release is not None:
+            lease["release"] = release
 
         def append() -> None:
             nonlocal tries

@@ -13,7 +13,8 @@ serialises every writer), so a queue's limits hold across every worker together.
 
 A claim is an ordinary (flushed) commit. A run never saved yet may instead be claimed by
 the statement that appends its first events (:class:`LeaseClaim`, on PostgreSQL with
-saga's recorder): the lease and the run appear in one commit, one round trip fewer.
+saga's recorder): the lease and the run appear in one commit, one round trip fewer. In
+the same way, the append that ends a run may give its lease up (:class:`LeaseRelease`).
 Renewals and releases commit without waiting for their WAL flush (PostgreSQL; see
 :meth:`Database.execute`): a server crash can only lose one that no later commit
 flushed, which moves the lease's expiry (a release lost: the run waits for its lease to
@@ -187,16 +188,28 @@ class LeaseClaim:
     now: float
 
 
+@dataclass(frozen=True)
+class LeaseRelease:
+    """A lease the append of its run's last events gives up in its own statement (the
+    release of :meth:`Leases.release`), when the store can (see ``LeaseClaim``)."""
+
+    run_id: str
+    worker: str
+
+
 @dataclass
 class Lease:
     """One held lease, renewed by the executor every third of its length (``claim``: not
-    claimed yet; the run's first append claims it)."""
+    claimed yet; the run's first append claims it. ``appends``: the store can claim and
+    release it in the statements of the run's appends)."""
 
     leases: Leases
     run_id: str
     worker: str
     seconds: float
     claim: LeaseClaim | None = None
+    appends: bool = False
+    released: bool = False
 
     @property
     def renew_every(self) -> float:
@@ -214,9 +227,21 @@ class Lease:
             return True  # not claimed yet: the first append claims it for a whole length
         return self.leases.renew(self.run_id, self.worker, self.seconds)
 
+    def ending(self) -> LeaseRelease | None:
+        """The release the append that ends the run is to make, if the store can and the
+        lease is claimed already; pass it to that append, then call :meth:`ended`."""
+        return LeaseRelease(self.run_id, self.worker) \
+            if self.appends and self.claim is None and not self.released else None
+
+    def ended(self) -> None:
+        """The run's last append gave the lease up: :meth:`release` has nothing to do."""
+        self.released = True
+
     def release(self, quiet: bool = False) -> None:
         """Give the lease up (``quiet``: if the store cannot be reached, let the lease
         expire instead: nothing else waits for it)."""
+        if self.released:
+            return
         try:
             self.leases.release(self.run_id, self.worker)
         except StoreUnavailableError as e:
@@ -232,22 +257,23 @@ def _key(queue: str) -> int:
 
 def wait_for_lease(leases: Leases, run_id: str, worker: str, seconds: float,
                    wait: float, queue: str | None = None, *,
-                   with_first_append: bool = False) -> Lease:
+                   with_first_append: bool = False, appends: bool = False) -> Lease:
     """Claim a run's lease, waiting up to ``wait`` seconds for another holder's to expire
     (the lease counts in ``queue``, but is not held back by its limits).
 
-    ``with_first_append``: the run was never saved and the store can claim in the
-    statement of its first append: the lease is returned unclaimed, carrying its claim.
-    Nothing waits then: a run not yet saved has a holder only if another process is
-    starting the same run id, and that one's events would conflict anyway."""
-    if with_first_append:
+    ``appends``: the store can claim and release leases in the statements of a run's
+    appends. ``with_first_append`` (then): the run was never saved, and the lease is
+    returned unclaimed, carrying the claim its first append makes. Nothing waits then: a
+    run not yet saved has a holder only if another process is starting the same run id,
+    and that one's events would conflict anyway."""
+    if with_first_append and appends:
         now = leases.clock()
         return Lease(leases, run_id, worker, seconds,
-                     LeaseClaim(run_id, worker, now + seconds, queue, now))
+                     LeaseClaim(run_id, worker, now + seconds, queue, now), appends=True)
     deadline = time.monotonic() + wait
     while not leases.claim(run_id, worker, seconds, queue):
         if time.monotonic() >= deadline:
             held = leases.holder(run_id)
             raise LeaseHeldError(run_id, held[0] if held else "unknown")
         time.sleep(0.1)
-    return leases.lease(run_id, worker, seconds)
+    return Lease(leases, run_id, worker, seconds, appends=appends)

@@ -31,7 +31,7 @@ from saga.config import Settings
 from saga.domain import Run, run_uuid
 from saga.errors import ConfigError
 from saga.store.application import SagaApplication, event_json
-from saga.store.leases import LeaseClaim
+from saga.store.leases import LeaseClaim, LeaseRelease
 
 
 def partition_of(run_id: str | UUID, count: int) -> int:
@@ -112,10 +112,11 @@ class PartitionedApp(SagaApplication):
         """False: leases live in the first partition, a run's events in its own."""
         return False
 
-    def save_run(self, run: Run, claim: LeaseClaim | None = None) -> None:
+    def save_run(self, run: Run, claim: LeaseClaim | None = None,
+                 release: LeaseRelease | None = None) -> None:
         """Append the run's pending events in its partition (one transaction there)."""
-        if claim is not None:
-            raise ConfigError("a partitioned store claims leases on their own")
+        if claim is not None or release is not None:
+            raise ConfigError("a partitioned store claims and releases leases on their own")
         self.part(run.id).save_run(run)
 
     def save_runs(self, runs: list[Run]) -> list[Exception | None]:

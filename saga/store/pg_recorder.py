@@ -24,8 +24,9 @@ an id below ``H`` (assigned before the first snapshot). If T had finished by the
 row is visible to the second statement (or T aborted and there is no row). Otherwise T
 was in progress at the first snapshot; an insert takes the table's ``RowExclusiveLock``
 before its statement assigns the transaction id (the insert is the transaction's only
-statement; when it also claims a run's lease, in a data-modifying ``WITH``, every table
-the statement writes is locked as it is parsed, before any of it runs), so T held that
+statement; when it also claims or releases a run's lease, in a data-modifying ``WITH``,
+every table the statement writes is locked as it is parsed, before any of it runs), so
+T held that
 lock: either it still held it when the horizon query read
 ``pg_locks`` (then ``H`` would be at most T's id) or it had released it, i.e. finished,
 before the second statement began, whose snapshot then sees the row.
@@ -69,7 +70,7 @@ from psycopg import errors
 from psycopg.sql import SQL, Composed, Identifier, Literal
 
 from saga.errors import LeaseHeldError
-from saga.store.leases import LeaseClaim, claim_sql
+from saga.store.leases import LeaseClaim, LeaseRelease, claim_sql
 
 #: Bits of a notification id below the transaction id: events per insert must fit.
 ORDINAL_BITS = 20
@@ -101,7 +102,7 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
         self._table = table
         self._leases = SQL("{0}.saga_leases").format(Identifier(self.datastore.schema))
         self._id_type = "uuid" if self.datastore.originator_id_type == "uuid" else "text"
-        self._statements: dict[tuple[int, bool], bytes] = {}
+        self._statements: dict[tuple[int, bool, bool], bytes] = {}
         self._run_statements: dict[str | None, bytes] = {}
         qualified = ".".join('"' + name.replace('"', '""') + '"'
                              for name in (self.datastore.schema, self.events_table_name))
@@ -121,12 +122,14 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
             "), (SELECT pg_snapshot_xmax(s.snap) FROM s))::text::bigint AS h"
         ).format(rel=Literal(qualified))
 
-    def _insert_statement(self, count: int, claim: bool = False) -> bytes:
+    def _insert_statement(self, count: int, claim: bool = False,
+                          release: bool = False) -> bytes:
         """The insert of ``count`` events, rendered once per count: a few events (a step's
         save) are one row of parameters each, which psycopg adapts in a fraction of the
         time four arrays take; a larger batch (a group commit) passes arrays. ``claim``:
-        the statement first claims a run's lease (:meth:`_with_claim`)."""
-        statement = self._statements.get((count, claim))
+        the statement first claims a run's lease (:meth:`_with_claim`); ``release``: it
+        gives a run's lease up (:meth:`_with_release`)."""
+        statement = self._statements.get((count, claim, release))
         if statement is not None:
             return statement
         events: SQL | Composed
@@ -140,8 +143,12 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
                          "WITH ORDINALITY AS e(i, v, t, s, o)").format(t=SQL(self._id_type))
         new_id = SQL("(pg_current_xact_id()::text::bigint << {bits}) + e.o").format(
             bits=SQL(str(ORDINAL_BITS)))
+        if claim and release:
+            raise ProgrammingError("one append does not both claim and release a lease")
         if claim:
             query = self._with_claim(new_id, events)
+        elif release:
+            query = self._with_release(new_id, events)
         elif self.wait_for_flush:
             query = SQL(
                 "INSERT INTO {table} (originator_id, originator_version, topic, state, "
@@ -164,7 +171,7 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
                 "AND p.originator_version = e.v - 1) THEN {new_id} END FROM c, e "
                 "ORDER BY e.o RETURNING notification_id").format(
                 table=self._table, new_id=new_id, events=events)
-        statement = self._statements[count, claim] = query.as_bytes(None)
+        statement = self._statements[count, claim, release] = query.as_bytes(None)
         return statement
 
     def _with_claim(self, new_id: Composed, events: SQL | Composed) -> Composed:
@@ -182,6 +189,20 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
             "WHERE EXISTS (SELECT 1 FROM l) ORDER BY e.o RETURNING notification_id").format(
             claim=SQL(claim_sql(self._leases.as_string(None), "%s")), table=self._table,
             new_id=new_id, events=events)
+
+    def _with_release(self, new_id: Composed, events: SQL | Composed) -> Composed:
+        """The insert, with the release of a run's lease (as
+        :meth:`saga.store.leases.Leases.release` makes it) in the same statement: the
+        append that ends a run gives its lease up in its own commit."""
+        if not self.wait_for_flush:
+            raise ProgrammingError("a lease is released with an append only when the "
+                                   "append waits for its flush")
+        return SQL(
+            "WITH l AS (DELETE FROM {leases} WHERE worker = %s AND run_id = %s) "
+            "INSERT INTO {table} (originator_id, originator_version, topic, state, "
+            "notification_id) SELECT e.i, e.v, e.t, e.s, {new_id} FROM {events} "
+            "ORDER BY e.o RETURNING notification_id").format(
+            leases=self._leases, table=self._table, new_id=new_id, events=events)
 
     @property
     def claims_with_append(self) -> bool:
@@ -206,10 +227,12 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
     # -- writing ---------------------------------------------------------------------
 
     def insert_events(self, stored_events: Sequence[StoredEvent], *,
-                      lease: LeaseClaim | None = None, **kwargs: Any) -> Sequence[int] | None:
+                      lease: LeaseClaim | None = None, release: LeaseRelease | None = None,
+                      **kwargs: Any) -> Sequence[int] | None:
         """Insert the events in one autocommit statement (one round trip, atomic); with
         ``lease``, the same statement claims the run's lease first, and stores nothing
-        (raising LeaseHeldError) if another worker holds it.
+        (raising LeaseHeldError) if another worker holds it; with ``release``, it gives
+        the run's lease up.
 
         Never tried again here (the library's recorder is): after a lost connection the
         statement may have committed, and only the caller can tell, by reading back."""
@@ -226,10 +249,13 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
             params = ([e.originator_id for e in stored_events],
                       [e.originator_version for e in stored_events],
                       [e.topic for e in stored_events], [e.state for e in stored_events])
-        statement = self._insert_statement(count, claim=lease is not None)
+        statement = self._insert_statement(count, claim=lease is not None,
+                                           release=release is not None)
         if lease is not None:
             params = [lease.run_id, lease.worker, lease.expires_at, lease.queue, lease.now,
                       *params]
+        elif release is not None:
+            params = [release.worker, release.run_id, *params]
         with self.datastore.get_connection() as conn, conn.cursor() as curs:
             assert conn.autocommit
             curs.execute(statement, params, prepare=True)

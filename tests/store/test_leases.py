@@ -8,9 +8,9 @@ import pytest
 
 from saga.api import Saga
 from saga.config import Settings
-from saga.errors import LeaseHeldError, RunNotFoundError
+from saga.errors import ConcurrentWriteError, LeaseHeldError, RunNotFoundError
 from saga.store.leases import Leases
-from saga.tools import Registry, Tool
+from saga.tools import Registry, Tool, ToolContext
 
 
 def test_claim_renew_release_on_both_stores(saga: Saga) -> None:
@@ -63,7 +63,6 @@ def test_renewals_and_releases_commit_without_waiting_for_the_flush(
 
 def _holder_seen(saga: Saga, seen: list[Any]) -> Any:
     """A tool that records who holds its run's lease while it runs."""
-    from saga import ToolContext
 
     def look(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         seen.append(saga.leases.holder(ctx.run_id))
@@ -92,6 +91,46 @@ def test_a_new_run_is_claimed_by_its_first_append(saga: Saga) -> None:
     assert saga.leases.holder(run.run_id) is None
     assert claims == ([] if saga.app.claims_with_append() else [run.run_id])
     assert saga.app.claims_with_append() == saga.settings.is_postgres
+
+
+def test_the_append_that_ends_a_run_gives_its_lease_up(saga: Saga) -> None:
+    """On PostgreSQL (saga's recorder) the statement that appends a run's last events
+    releases its lease too, with no statement of its own; on SQLite a release follows.
+    A run that does not end (it waits) keeps the lease to the end of the drive, and an
+    ending append that fails releases nothing: the lease is given up afterwards."""
+    releases: list[list[str]] = []
+    real_release = saga.leases.release_many
+
+    def counted(run_ids: Any, worker: str) -> None:
+        releases.append(list(run_ids))
+        real_release(run_ids, worker)
+    saga.leases.release_many = counted  # type: ignore[method-assign]
+    plan = saga.load({"name": "ends", "steps": [
+        {"id": "a", "tool": "noop"}, {"id": "b", "tool": "noop", "depends_on": ["a"]}]})
+    run = saga.run(plan)
+    assert run.status == "completed"
+    assert saga.leases.holder(run.run_id) is None
+    with_append = saga.app.claims_with_append()
+    assert releases == ([] if with_append else [[run.run_id]])
+
+    releases.clear()
+    waits = saga.run(saga.load({"name": "waits", "steps": [
+        {"id": "a", "tool": "noop", "confirm": "go on?"}]}))
+    assert waits.status == "waiting"
+    assert releases == [[waits.run_id]] and saga.leases.holder(waits.run_id) is None
+
+    releases.clear()
+
+    def interfere(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        """Another writer appends while the last step runs: the ending append conflicts."""
+        saga.pause(ctx.run_id, actor="someone")
+        return {}
+    saga.registry.add(Tool("interfere", interfere))
+    with pytest.raises(ConcurrentWriteError):
+        saga.run(saga.load({"name": "loses", "steps": [{"id": "a", "tool": "interfere"}]}),
+                 run_id="LOSER-1")
+    assert saga.get("LOSER-1").status == "paused"
+    assert releases == [["LOSER-1"]] and saga.leases.holder("LOSER-1") is None
 
 
 def test_a_first_append_whose_lease_is_held_stores_nothing(saga: Saga) -> None:
