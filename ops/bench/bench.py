@@ -367,7 +367,7 @@ def run_batch(store: Store, shape: str, runs: int, stored: bool = True) -> dict[
     app = store.saga.app
     metered = app.__dict__["save_run"]
     if not stored:
-        def collect(run: Run, claim: Any = None) -> None:
+        def collect(run: Run, claim: Any = None, release: Any = None) -> None:
             run.collect_events()
         app.save_run = collect  # type: ignore[method-assign]
     store.meter.reset()

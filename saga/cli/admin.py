@@ -44,6 +44,8 @@ def worker(concurrency: int, until_idle: bool, worker_id: str | None,
     """Claim runnable runs and drive them (new, interrupted, approved, redriven).
 
     Highest priority first, then oldest, within saga.toml's [queues.NAME] limits.
+    SIGTERM or Ctrl-C: the steps in flight finish and are recorded, then it stops; a
+    second signal stops it at once.
 
     \b
     Example:
