@@ -116,6 +116,8 @@ class Drive:
             if self.lease is not None and self.x.calls_running():
                 for call in self.tasks:
                     call.cancel()
+                if keeper is not None:
+                    keeper.cancel()  # _hold_lease renews from here on
                 await self._hold_lease()
             raise
         finally:
