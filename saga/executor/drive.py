@@ -84,6 +84,7 @@ class Drive:
         self.remedies: set[tuple[Any, ...]] = set()
         self.compensating: set[str] = set()
         self.wakes: set[str] = set()
+        self.stopping: asyncio.Event | None = None  # set: drain (see the class docs)
 
     async def go(self) -> Run:
         """Drive the run inside its ``saga.run`` span, with the run as the log scope."""
@@ -108,8 +109,8 @@ class Drive:
             for action in scheduler.interrupted(self.plan, self.run):
                 self._apply(action)
         keeper = asyncio.ensure_future(self._keep_lease()) if self.lease else None
-        stopping = self.x.stopping if self.lease is not None else None
-        stop = asyncio.ensure_future(stopping.wait()) if stopping is not None else None
+        self.stopping = self.x.stopping if self.lease is not None else None
+        stop = None if self.stopping is None else asyncio.ensure_future(self.stopping.wait())
         try:
             return await self._loop(keeper, stop)
         except BaseException:
@@ -128,7 +129,7 @@ class Drive:
     async def _loop(self, keeper: asyncio.Task[None] | None,
                     stop: asyncio.Task[Any] | None) -> Run:
         while True:
-            draining = stop is not None and stop.done()
+            draining = self.stopping is not None and self.stopping.is_set()
             launches = [] if draining else self._advance()
             await self._save()
             for launch in launches:
