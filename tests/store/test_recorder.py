@@ -22,6 +22,7 @@ from saga.api import Saga
 from saga.config import load_settings
 from saga.errors import ConcurrentWriteError, ConfigError
 from saga.store.application import SagaApplication
+from saga.store.leases import LEASE_DDL, LeaseClaim, LeaseRelease
 from saga.store.pg_recorder import (
     ORDINAL_BITS,
     VALUES_UP_TO,
@@ -217,12 +218,21 @@ def test_reader_stops_waiting_for_a_transaction_whose_backend_died(schema: str) 
 
 
 def _writer(schema: str, writes: int, per_write: int, out: Any) -> None:
+    """Inserts in the three shapes an append takes: plain, claiming a run's lease first
+    (a new run's first append), and giving a run's lease up (the append that ends it)."""
     recorder = _recorder(schema, pool=1)
     written = []
-    for _ in range(writes):
+    for i in range(writes):
         oid = uuid4()
-        ids = recorder.insert_events([StoredEvent(oid, v, "w", b"s")
-                                      for v in range(1, per_write + 1)])
+        events = [StoredEvent(oid, v, "w", b"s") for v in range(1, per_write + 1)]
+        if i % 3 == 1:
+            now = time.time()
+            ids = recorder.insert_events(events, lease=LeaseClaim(str(oid), "w", now + 30,
+                                                                  None, now))
+        elif i % 3 == 2:
+            ids = recorder.insert_events(events, release=LeaseRelease(str(oid), "w"))
+        else:
+            ids = recorder.insert_events(events)
         assert ids is not None
         written += ids
     recorder.datastore.close()
@@ -232,8 +242,12 @@ def _writer(schema: str, writes: int, per_write: int, out: Any) -> None:
 @pytest.mark.parametrize("procs", [4])
 def test_concurrent_writers_and_a_following_reader(schema: str, procs: int) -> None:
     """N processes insert while a reader follows with a position: it sees every
-    notification exactly once, in increasing order, and never a lower id after a higher."""
-    _recorder(schema).datastore.close()  # the table exists before the writers start
+    notification exactly once, in increasing order, and never a lower id after a higher
+    (whether an insert also claims or releases a lease in its statement)."""
+    _recorder(schema).datastore.close()  # the tables exist before the writers start
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f'SET search_path TO "{schema}"')
+        conn.execute(LEASE_DDL[0])
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     writes, per_write = 150, 3
@@ -281,6 +295,9 @@ def test_concurrent_writers_and_a_following_reader(schema: str, procs: int) -> N
         reader.datastore.close()
     assert len(written) == procs * writes * per_write
     assert seen == sorted(written), "a notification was missed, repeated or reordered"
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        leases = conn.execute(f'SELECT count(*) FROM "{schema}".saga_leases').fetchone()
+    assert leases == (procs * len(range(1, writes, 3)),)  # every claim was made
 
 
 @pytest.mark.parametrize(("chosen", "expected"), [(None, XidOrderedRecorder),
