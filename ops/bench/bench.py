@@ -355,7 +355,8 @@ class PostgresStore(Store):
 def run_batch(store: Store, shape: str, runs: int, stored: bool = True) -> dict[str, float]:
     """Drive ``runs`` runs of one shape to completion; per-run averages. With ``stored``
     false, the engine alone: each turn's events are collected and nothing is appended
-    (the lease's SQL still runs)."""
+    (on SQLite the lease's own SQL still runs; on PostgreSQL the appends would have
+    claimed and released it)."""
     plan = store.plans[shape]
     commits = events = 0
 
@@ -843,7 +844,8 @@ def render(stores: list[Store], budget: Budget, results: dict[str, Any],
     out += breakdown_table(stores, results)
     out += ["", "CPU per step is the driving thread's CPU time (`time.thread_time`) over the "
             "batch. The engine alone is the same batch with `save_run` replaced by collecting "
-            "each turn's events (nothing appended; the lease's SQL still runs): what a step "
+            "each turn's events (nothing appended; on SQLite the lease's own SQL still runs, on "
+            "PostgreSQL the appends would have made it): what a step "
             "costs before any event reaches the store."]
     out += ["", "### Composition overhead against seed 001's goal (< 200 ms, 3 steps)", "",
             "| store | 3-step run, ms | + load and validate the composition, ms "
