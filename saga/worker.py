@@ -330,9 +330,9 @@ class Worker:
         active: dict[str, asyncio.Task[None]] = {}
         failures = 0  # rounds in a row that found the store unreachable
         self._stopping = asyncio.Event()
-        task = asyncio.current_task()
-        assert task is not None
-        self._running = (asyncio.get_running_loop(), task)
+        me = asyncio.current_task()
+        assert me is not None
+        self._running = (asyncio.get_running_loop(), me)
         try:
             while not stop():
                 for run_id, task in list(active.items()):
