@@ -362,9 +362,9 @@ class Worker:
                 if until_idle and not active and not claimed and "rate" not in held.values():
                     break
                 await self._pause(active, self.poll_interval)
-            if active:
-                log.info("worker %s stopping: %d drives finish the calls in flight",
-                         self.worker_id, len(active))
+            if active:  # an operator waiting on a stop is told what it waits for
+                log.warning("worker %s stopping: %d runs finish the steps in flight "
+                            "(a second signal stops at once)", self.worker_id, len(active))
             self._stopping.set()
             await asyncio.gather(*active.values(), return_exceptions=True)
         finally:
