@@ -114,9 +114,6 @@ class RunIndex:
             while True:
                 page = app.notifications(position + 1, 1000)
                 for n in page:
-                    if event_name(n.topic) == "RunStarted" and _has_parent(n.state):
-                        self.children.add(str(n.originator_id))
-                        continue  # a child run is driven by its parent's step, never alone
                     self._apply(str(n.originator_id), n.topic, n.state)
                 if page:
                     position = page[-1].id
@@ -132,7 +129,12 @@ class RunIndex:
         followed = self.runs.get(run_id)
         seen = followed.seen if followed is not None else 0  # a replaced entry keeps it
         if kind == "RunStarted":
-            self.runs[run_id] = _followed(_payload(state))
+            started = _payload(state)
+            context = started.get("context")
+            if isinstance(context, dict) and context.get("parent"):
+                self.children.add(run_id)
+                return  # a child run is driven by its parent's step, never alone
+            self.runs[run_id] = _followed(started)
         elif kind in _REOPENING and run_id not in self.runs and run_id not in self.children:
             # a finished run taken up again
             self.runs[run_id] = _followed(self._started(run_id), status="failed", begun=True)
@@ -154,8 +156,9 @@ class RunIndex:
         elif kind in DECISIONS:
             run.approvals -= 1
             run.waits.pop("approval:" + str(_payload(state).get("step_id")), None)
-        elif kind in ("StepWaiting", "StepFailed", "StepStarted", "StepCompleted",
-                      "StepSkipped"):
+        elif kind in ("StepWaiting", "StepFailed") or (
+                kind in ("StepStarted", "StepCompleted", "StepSkipped")
+                and (run.waits or run.retries)):  # else nothing to clear: not parsed
             payload = _payload(state)
             key = step_key(str(payload.get("step_id")), int(payload.get("iteration") or 0))
             run.waits.pop(key, None)
@@ -258,13 +261,6 @@ def _payload(state: bytes) -> dict[str, Any]:
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}
-
-
-def _has_parent(state: bytes) -> bool:
-    try:
-        return bool(json.loads(state).get("context", {}).get("parent"))
-    except (ValueError, AttributeError):
-        return False
 
 
 class Worker:
