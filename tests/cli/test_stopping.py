@@ -115,7 +115,7 @@ def test_sigterm_lets_the_step_in_flight_finish(tmp_path: Path) -> None:
 
 def test_a_second_signal_stops_at_once_but_keeps_the_lease_while_the_call_runs(
         tmp_path: Path) -> None:
-    run_id = submit(tmp_path, 4)
+    run_id = submit(tmp_path, 5)
     worker = start([*WORKER, "w1"], tmp_path)
     wait_until_step_runs(tmp_path, run_id, worker)
     worker.send_signal(signal.SIGTERM)
@@ -135,7 +135,7 @@ def test_a_second_signal_stops_at_once_but_keeps_the_lease_while_the_call_runs(
 
 
 def test_ctrl_c_on_saga_run_keeps_the_lease_until_the_call_returns(tmp_path: Path) -> None:
-    (tmp_path / "slow.yaml").write_text(FLOW % 3, encoding="utf-8")
+    (tmp_path / "slow.yaml").write_text(FLOW % 5, encoding="utf-8")
     run = start(["run", "slow.yaml", "--tools", "tests.standins.standins", "--id", "R-1"],
                 tmp_path)
     wait_until_step_runs(tmp_path, "R-1", run)
