@@ -70,7 +70,8 @@ def worker(concurrency: int, until_idle: bool, worker_id: str | None,
         if len(stopping) > 1:
             w.halt()
     signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # a background job's is
+        signal.signal(signal.SIGINT, on_signal)
     note(f"worker {w.worker_id} on {saga.settings.store_description}")
     try:
         driven = w.run(until_idle=until_idle, stop=lambda: bool(stopping))

@@ -39,10 +39,17 @@ def saga(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
                           env=env_for(cwd), capture_output=True, text=True, timeout=120)
 
 
+def _sigint_default() -> None:
+    # As in a terminal: a test run started in the background has SIGINT ignored, and
+    # saga (as Python) leaves an ignored SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(args: list[str], cwd: Path) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "saga.cli", *args], cwd=cwd,
                             env=env_for(cwd), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_sigint_default)
 
 
 def calls(cwd: Path) -> list[dict[str, Any]]:
