@@ -84,7 +84,8 @@ class Drive:
         self.remedies: set[tuple[Any, ...]] = set()
         self.compensating: set[str] = set()
         self.wakes: set[str] = set()
-        self.stopping: asyncio.Event | None = None  # set: drain (see the class docs)
+        #: Set when the drive is to drain (see the class docs); a child run's has none.
+        self.stopping = executor.stopping if lease is not None else None
 
     async def go(self) -> Run:
         """Drive the run inside its ``saga.run`` span, with the run as the log scope."""
@@ -109,7 +110,6 @@ class Drive:
             for action in scheduler.interrupted(self.plan, self.run):
                 self._apply(action)
         keeper = asyncio.ensure_future(self._keep_lease()) if self.lease else None
-        self.stopping = self.x.stopping if self.lease is not None else None
         stop = None if self.stopping is None else asyncio.ensure_future(self.stopping.wait())
         try:
             return await self._loop(keeper, stop)

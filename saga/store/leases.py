@@ -63,6 +63,13 @@ def claim_sql(table: str = "saga_leases", mark: str = "?") -> str:
             f"VALUES ({mark}, {mark}, {mark}, {mark}) " + _TAKE.format(now=mark))
 
 
+def release_sql(table: str = "saga_leases", mark: str = "?", count: int = 1) -> str:
+    """The release of the leases one worker holds on ``count`` runs (parameters: the
+    worker, then the run ids), as :func:`claim_sql` names the table and parameters."""
+    return (f"DELETE FROM {table} WHERE worker = {mark} "
+            f"AND run_id IN ({', '.join([mark] * count)})")
+
+
 _CLAIM = claim_sql()
 #: The advisory lock class of queue claims in PostgreSQL (the key is the queue's hash).
 QUEUE_LOCK = 0x5A6A
@@ -160,9 +167,7 @@ class Leases:
     def release_many(self, run_ids: Sequence[str], worker: str) -> None:
         """Give up the leases this worker holds on these runs, in one statement."""
         if run_ids:
-            marks = ", ".join("?" for _ in run_ids)
-            self.db.execute(f"DELETE FROM saga_leases WHERE worker = ? AND run_id IN ({marks})",
-                            (worker, *run_ids), flush=False)
+            self.db.execute(release_sql(count=len(run_ids)), (worker, *run_ids), flush=False)
 
     def holder(self, run_id: str) -> tuple[str, float] | None:
         """(worker, expires_at) of the current lease, if any."""

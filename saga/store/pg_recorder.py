@@ -26,8 +26,7 @@ was in progress at the first snapshot; an insert takes the table's ``RowExclusiv
 before its statement assigns the transaction id (the insert is the transaction's only
 statement; when it also claims or releases a run's lease, in a data-modifying ``WITH``,
 every table the statement writes is locked as it is parsed, before any of it runs), so
-T held that
-lock: either it still held it when the horizon query read
+T held that lock: either it still held it when the horizon query read
 ``pg_locks`` (then ``H`` would be at most T's id) or it had released it, i.e. finished,
 before the second statement began, whose snapshot then sees the row.
 
@@ -70,7 +69,7 @@ from psycopg import errors
 from psycopg.sql import SQL, Composed, Identifier, Literal
 
 from saga.errors import LeaseHeldError
-from saga.store.leases import LeaseClaim, LeaseRelease, claim_sql
+from saga.store.leases import LeaseClaim, LeaseRelease, claim_sql, release_sql
 
 #: Bits of a notification id below the transaction id: events per insert must fit.
 ORDINAL_BITS = 20
@@ -127,8 +126,10 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
         """The insert of ``count`` events, rendered once per count: a few events (a step's
         save) are one row of parameters each, which psycopg adapts in a fraction of the
         time four arrays take; a larger batch (a group commit) passes arrays. ``claim``:
-        the statement first claims a run's lease (:meth:`_with_claim`); ``release``: it
-        gives a run's lease up (:meth:`_with_release`)."""
+        the statement first claims a run's lease (as
+        :meth:`saga.store.leases.Leases.claim` does), storing the events only if it was
+        made; ``release``: it gives a run's lease up (as
+        :meth:`saga.store.leases.Leases.release` does)."""
         statement = self._statements.get((count, claim, release))
         if statement is not None:
             return statement
@@ -145,16 +146,23 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
             bits=SQL(str(ORDINAL_BITS)))
         if claim and release:
             raise ProgrammingError("one append does not both claim and release a lease")
-        if claim:
-            query = self._with_claim(new_id, events)
-        elif release:
-            query = self._with_release(new_id, events)
-        elif self.wait_for_flush:
+        if (claim or release) and not self.wait_for_flush:
+            raise ProgrammingError("a lease is claimed or released with an append only "
+                                   "when the append waits for its flush")
+        if self.wait_for_flush:
+            # A claim or a release of a run's lease goes first in the same statement, and
+            # with a claim the events are stored only if it was made. Still one statement:
+            # every table it writes is locked before it assigns its transaction id, so the
+            # readers' horizon holds (see the module docs).
+            leases = self._leases.as_string(None)
+            lease = (f"WITH l AS ({claim_sql(leases, '%s')} RETURNING 1) " if claim else
+                     f"WITH l AS ({release_sql(leases, '%s')}) " if release else "")
             query = SQL(
-                "INSERT INTO {table} (originator_id, originator_version, topic, state, "
-                "notification_id) SELECT e.i, e.v, e.t, e.s, {new_id} FROM {events} "
-                "ORDER BY e.o RETURNING notification_id").format(
-                table=self._table, new_id=new_id, events=events)
+                "{lease}INSERT INTO {table} (originator_id, originator_version, topic, "
+                "state, notification_id) SELECT e.i, e.v, e.t, e.s, {new_id} FROM {events} "
+                "{only_claimed}ORDER BY e.o RETURNING notification_id").format(
+                lease=SQL(lease), table=self._table, new_id=new_id, events=events,
+                only_claimed=SQL("WHERE EXISTS (SELECT 1 FROM l) " if claim else ""))
         else:
             # Commit without waiting for the WAL flush (set for this statement's own
             # transaction), and append only after an event that is there: a crash of
@@ -173,36 +181,6 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
                 table=self._table, new_id=new_id, events=events)
         statement = self._statements[count, claim, release] = query.as_bytes(None)
         return statement
-
-    def _with_claim(self, new_id: Composed, events: SQL | Composed) -> Composed:
-        """The insert, preceded in the same statement by the claim of a run's lease (as
-        :meth:`saga.store.leases.Leases.claim` makes it), storing the events only if the
-        claim was made. Still one statement: both tables are locked before it assigns
-        its transaction id, so the readers' horizon holds (see the module docs)."""
-        if not self.wait_for_flush:
-            raise ProgrammingError("a lease is claimed with an append only when the "
-                                   "append waits for its flush")
-        return SQL(
-            "WITH l AS ({claim} RETURNING 1) "
-            "INSERT INTO {table} (originator_id, originator_version, topic, state, "
-            "notification_id) SELECT e.i, e.v, e.t, e.s, {new_id} FROM {events} "
-            "WHERE EXISTS (SELECT 1 FROM l) ORDER BY e.o RETURNING notification_id").format(
-            claim=SQL(claim_sql(self._leases.as_string(None), "%s")), table=self._table,
-            new_id=new_id, events=events)
-
-    def _with_release(self, new_id: Composed, events: SQL | Composed) -> Composed:
-        """The insert, with the release of a run's lease (as
-        :meth:`saga.store.leases.Leases.release` makes it) in the same statement: the
-        append that ends a run gives its lease up in its own commit."""
-        if not self.wait_for_flush:
-            raise ProgrammingError("a lease is released with an append only when the "
-                                   "append waits for its flush")
-        return SQL(
-            "WITH l AS (DELETE FROM {leases} WHERE worker = %s AND run_id = %s) "
-            "INSERT INTO {table} (originator_id, originator_version, topic, state, "
-            "notification_id) SELECT e.i, e.v, e.t, e.s, {new_id} FROM {events} "
-            "ORDER BY e.o RETURNING notification_id").format(
-            leases=self._leases, table=self._table, new_id=new_id, events=events)
 
     @property
     def claims_with_append(self) -> bool:
