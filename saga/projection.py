@@ -206,9 +206,8 @@ class Projection:
     def create_tables(self) -> None:
         """Create the tables and this projection's position row; idempotent, and safe
         when many processes call it at once."""
-        self._db.create(DDL)
-        self._db.add_columns("saga_runs", _ADDED_RUN_COLUMNS)
-        self._db.add_columns("saga_steps", _ADDED_STEP_COLUMNS)
+        self._db.create(DDL, {"saga_runs": _ADDED_RUN_COLUMNS,
+                              "saga_steps": _ADDED_STEP_COLUMNS})
         self._db.execute("INSERT INTO saga_projection_position (name, position) "
                          "VALUES (?, 0) ON CONFLICT (name) DO NOTHING", (self.name,))
         self._ready = True

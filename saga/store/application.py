@@ -32,7 +32,14 @@ from saga.errors import (
 )
 from saga.store.leases import LeaseClaim, LeaseRelease
 from saga.store.reconnect import Reconnect, connection_lost
-from saga.store.side_tables import DDL_LOCK, check_place, connect_postgres
+from saga.store.side_tables import (
+    DDL_LOCK,
+    check_place,
+    connect_postgres,
+    ddl_digest,
+    record_ddl,
+    recorded_ddl,
+)
 
 log = logging.getLogger("saga.store")
 T = TypeVar("T")
@@ -98,10 +105,17 @@ class SagaApplication(Application[UUID]):
         self.reconnect = Reconnect(settings.reconnect_seconds, enabled=settings.is_postgres,
                                    on_lost=self._drop_dead_connections)
         if settings.is_postgres:
-            with _postgres_setup(settings) as conn, store_errors(settings.store_description):
+            # The library's DDL runs below, once per store (see _Setup), not on each open.
+            env["CREATE_TABLE"] = "n"
+            with _postgres_setup(settings) as setup, \
+                    store_errors(settings.store_description):
                 super().__init__(env=env)
                 try:
-                    check_place(conn, env.get("POSTGRES_SCHEMA", "public"), partition,
+                    setup.create([self.recorder, *([self.snapshots.recorder]
+                                                   if self.snapshots else [])])
+                    if partition is not None:  # a first open as one may write its place
+                        setup.lock()
+                    check_place(setup.conn, env.get("POSTGRES_SCHEMA", "public"), partition,
                                 settings.store_description)
                 except BaseException:
                     self.close()
@@ -369,25 +383,63 @@ def event_json(e: Any) -> dict[str, Any]:
     return out
 
 
-@contextlib.contextmanager
-def _postgres_setup(settings: Settings) -> Iterator[Any]:
-    """Create the configured schema (the library requires it to exist) and hold an
-    advisory lock while the library runs its DDL: concurrent ``CREATE TABLE``/``TYPE`` in
-    PostgreSQL fail with "tuple concurrently updated" when many workers start at once."""
-    env = settings.store_env()
-    schema = env.get("POSTGRES_SCHEMA")
-    conn = connect_postgres(env, settings.store_description)
-    from psycopg import sql
+class _Setup:
+    """The opening of a PostgreSQL store, on a connection of its own: what DDL the store
+    has run (``saga_schema``, one query), and the DDL lock, taken only when some must run.
 
+    The lock is a session advisory lock held while the library runs its DDL: concurrent
+    ``CREATE TABLE``/``TYPE`` in PostgreSQL fail with "tuple concurrently updated" when
+    many workers start at once."""
+
+    def __init__(self, conn: Any, schema: str | None) -> None:
+        self.conn = conn
+        self.schema = schema
+        self.recorded = recorded_ddl(conn, schema)
+        self.locked = False
+
+    def lock(self) -> None:
+        """Take the DDL lock, and create the configured schema (the library requires it
+        to exist)."""
+        if self.locked:
+            return
+        from psycopg import sql
+
+        self.conn.execute("SELECT pg_advisory_lock(%s)", (DDL_LOCK,))
+        self.locked = True
+        if self.schema:
+            self.conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
+                sql.Identifier(self.schema)))
+
+    def create(self, recorders: Sequence[Any]) -> None:
+        """Run the recorders' DDL unless this store has run the same before."""
+        digest = ddl_digest([statement.as_string() for recorder in recorders
+                             for statement in recorder.sql_create_statements])
+        if digest in self.recorded:
+            return
+        self.lock()
+        for recorder in recorders:
+            recorder.create_table()
+        record_ddl(self.conn, self.schema, digest)
+
+    def unlock(self) -> None:
+        if self.locked:
+            self.conn.execute("SELECT pg_advisory_unlock(%s)", (DDL_LOCK,))
+
+
+@contextlib.contextmanager
+def _postgres_setup(settings: Settings) -> Iterator[_Setup]:
+    """A store's :class:`_Setup`: a store opened for the first time is locked (and its
+    schema made) before the library opens it."""
+    env = settings.store_env()
+    conn = connect_postgres(env, settings.store_description)
     with conn:
-        conn.execute("SELECT pg_advisory_lock(%s)", (DDL_LOCK,))
+        setup = _Setup(conn, env.get("POSTGRES_SCHEMA"))
         try:
-            if schema:
-                conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
-                    sql.Identifier(schema)))
-            yield conn
+            if not setup.recorded:
+                setup.lock()
+            yield setup
         finally:
-            conn.execute("SELECT pg_advisory_unlock(%s)", (DDL_LOCK,))
+            setup.unlock()
 
 
 def open_app(settings: Settings) -> SagaApplication:

@@ -91,9 +91,8 @@ class Leases:
     def __init__(self, db: Database, clock: Callable[[], float] = time.time) -> None:
         self.db = db
         self.clock = clock
-        db.create(LEASE_DDL[:1])
-        db.add_columns("saga_leases", {"queue": "TEXT"})  # a table from before queues
-        db.create(LEASE_DDL[1:])
+        # "queue": a column a table from before queues lacks
+        db.create(LEASE_DDL[:1], {"saga_leases": {"queue": "TEXT"}}, LEASE_DDL[1:])
 
     def claim(self, run_id: str, worker: str, seconds: float,
               queue: str | None = None) -> bool:

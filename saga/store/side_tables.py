@@ -9,9 +9,10 @@ differ: statements are written with ``?`` placeholders and upserts that both acc
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from saga.config import Settings
@@ -26,6 +27,17 @@ DDL_LOCK = 0x5A6A_0001
 #: Ends an UPDATE's or DELETE's WHERE clause: its transaction commits without waiting for
 #: the WAL flush (see :meth:`Database.execute`).
 _NO_WAIT = " AND set_config('synchronous_commit', 'off', true) IS NOT NULL"
+#: The digests of the DDL a PostgreSQL store has run (see :meth:`Database.create`).
+SCHEMA_TABLE = "saga_schema"
+SCHEMA_DDL = ("CREATE TABLE IF NOT EXISTS {} (digest TEXT PRIMARY KEY, "
+              "recorded_at TIMESTAMPTZ NOT NULL DEFAULT now())")
+#: PostgreSQL's SQLSTATEs for a table, and a schema, that does not exist.
+UNDEFINED_TABLE, INVALID_SCHEMA = "42P01", "3F000"
+
+
+def ddl_digest(statements: Sequence[str]) -> str:
+    """What identifies a set of DDL statements in ``saga_schema``."""
+    return hashlib.sha256("\n".join(statements).encode()).hexdigest()[:32]
 
 
 class Database:
@@ -42,6 +54,7 @@ class Database:
         # One connection serves leases (renewed from threads), the cache and DDL: a lock
         # keeps one transaction at a time on it.
         self._lock = threading.RLock()
+        self._recorded: set[str] | None = None
         self.conn = self._connect()
 
     def _connect(self) -> Any:
@@ -76,20 +89,6 @@ class Database:
         """``operation()`` (whole transactions, safe to repeat), reconnecting and trying
         again while the connection is lost."""
         return self.reconnect.call(where, operation)
-
-    def add_columns(self, table: str, columns: dict[str, str]) -> None:
-        """Add the columns a table created by an older saga lacks (``name: SQL type``)."""
-        if self.pg:
-            have = {r["column_name"] for r in self.query(
-                "SELECT column_name FROM information_schema.columns WHERE table_name = ? "
-                "AND table_schema = current_schema()", (table,))}
-        else:
-            have = {r["name"] for r in self.query(f"PRAGMA table_info({table})")}
-        for name, kind in columns.items():
-            if name not in have:
-                exists = " IF NOT EXISTS" if self.pg else ""
-                with contextlib.suppress(sqlite3.OperationalError):  # a racing process won
-                    self.execute(f"ALTER TABLE {table} ADD COLUMN{exists} {name} {kind}")
 
     def sql(self, text: str) -> str:
         """The statement in this dialect (saga's SQL is written with ``?``)."""
@@ -168,20 +167,91 @@ class Database:
                     cur.close()
         return self.retrying("reading a side table", once)
 
-    def create(self, ddl: Sequence[str]) -> None:
-        """Run idempotent DDL, safe when many processes start at once."""
+    def create(self, ddl: Sequence[str], columns: Mapping[str, Mapping[str, str]] | None = None,
+               after: Sequence[str] = ()) -> None:
+        """Run idempotent DDL, then add the ``columns`` (``{table: {name: SQL type}}``)
+        that a table made by an older saga lacks, then the DDL ``after``: in one
+        transaction, safe when many processes start at once.
+
+        On PostgreSQL the whole is recorded by its digest in ``saga_schema``: a later
+        open that finds its digest there runs none of it (one query, where the DDL takes
+        a transaction of statements under a lock, on every start of a command or
+        worker). A saga whose DDL differs has another digest, and runs its own."""
+        digest = ddl_digest([*ddl, repr(sorted((t, sorted(c.items()))
+                                               for t, c in (columns or {}).items())),
+                             *after]) if self.pg else None
+        if digest is not None and digest in self.recorded():
+            return
+
         def once() -> None:
             with self.tx() as cur:
                 if self.pg:
                     cur.execute("SELECT pg_advisory_xact_lock(%s)", (DDL_LOCK,))
                 for statement in ddl:
                     cur.execute(statement)
+                for table, wanted in (columns or {}).items():
+                    have = self._columns(cur, table)
+                    for name, kind in wanted.items():
+                        if name not in have:
+                            cur.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
+                for statement in after:
+                    cur.execute(statement)
+                if digest is not None:
+                    record_ddl(cur, None, digest)
         self.retrying("creating tables", once)
+        if digest is not None:
+            self.recorded().add(digest)
+
+    def recorded(self) -> set[str]:
+        """The digests of the DDL this PostgreSQL store has run (see :meth:`create`),
+        read once per connection; none before its first."""
+        if self._recorded is None:
+            def once() -> set[str]:
+                with self._lock, self._lost_as_unavailable():
+                    return recorded_ddl(self._live(), None)
+            self._recorded = self.retrying("reading a side table", once)
+        return self._recorded
+
+    def _columns(self, cur: Any, table: str) -> set[str]:
+        """The names of a table's columns, read inside the creating transaction."""
+        if self.pg:
+            cur.execute("SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) "
+                        "AND attnum > 0 AND NOT attisdropped", (table,))
+        else:
+            cur.execute(f"PRAGMA table_info({table})")
+            return {row[1] for row in cur.fetchall()}
+        return {row[0] for row in cur.fetchall()}
 
     def close(self) -> None:
         """Close the connection."""
         with contextlib.suppress(Exception):
             self.conn.close()
+
+
+def recorded_ddl(conn: Any, schema: str | None) -> set[str]:
+    """The digests in a PostgreSQL store's ``saga_schema`` (``schema``: where, else the
+    connection's search path), on an autocommit connection; none when there is no table
+    (or no schema) yet."""
+    from psycopg import Error, sql
+
+    table = sql.Identifier(*([schema] if schema else []), SCHEMA_TABLE)
+    try:
+        return {row[0] for row in conn.execute(sql.SQL("SELECT digest FROM {}").format(table))}
+    except Error as e:
+        if e.sqlstate in (UNDEFINED_TABLE, INVALID_SCHEMA):
+            return set()
+        raise
+
+
+def record_ddl(cur: Any, schema: str | None, digest: str) -> None:
+    """Record in ``saga_schema`` that the DDL ``digest`` names has run (on PostgreSQL,
+    with the DDL lock held)."""
+    from psycopg import sql
+
+    table = sql.Identifier(*([schema] if schema else []), SCHEMA_TABLE)
+    cur.execute(sql.SQL(SCHEMA_DDL).format(table))
+    cur.execute(sql.SQL("INSERT INTO {} (digest) VALUES (%s) ON CONFLICT (digest) DO NOTHING"
+                        ).format(table), (digest,))
 
 
 def check_place(conn: Any, schema: str, place: tuple[int, int] | None, where: str) -> None:
