@@ -53,6 +53,9 @@ log = logging.getLogger("saga.worker")
 #: The longest wait a worker's drive waits out in process (seconds): a longer timer,
 #: retry backoff or signal timeout releases the run, and any worker takes it up when due.
 WORKER_HOLD = 1.0
+#: Claims a look makes at most: after the first, only if other workers held some of the
+#: runs it wanted (the next runs in the order are tried instead).
+CLAIM_ROUNDS = 4
 
 
 @dataclass
@@ -71,6 +74,9 @@ class _Followed:
     started: float = 0.0  # when it was started (POSIX time): older runs are claimed first
     begun: bool = False  # a driver recorded something: claiming it again starts nothing
     seen: int = 0  # when the index first saw it: the last tie-break of the claim order
+    #: Another worker holds its lease until then (ISO, as last seen): not claimed here
+    #: before, unless something other than its driving happens to it.
+    held_until: str | None = None
 
 
 def _followed(started: dict[str, Any], **kwargs: Any) -> _Followed:
@@ -174,6 +180,8 @@ class RunIndex:
         run.status = status_after(kind, run.status,
                                   still_waiting=run.approvals > 0 or bool(run.waits))
         run.nudged = run.nudged or kind not in _QUIET
+        if kind not in _QUIET:
+            run.held_until = None
         if run.status in TERMINAL:
             del self.runs[run_id]
         self._place(run_id)
@@ -193,13 +201,29 @@ class RunIndex:
             wake, run_id = heapq.heappop(self._due)
             if self._wakes.get(run_id) == wake:
                 del self._wakes[run_id]
-                self._enter(run_id)
+                run = self.runs[run_id]
+                if run.held_until is not None:  # its holder's lease is up: file it anew
+                    run.held_until = None
+                    self._place(run_id)
+                else:
+                    self._enter(run_id)
         return [key[3] for key in self._ready]
 
     def claimed(self, run_id: str) -> None:
         """A driver took the run: what happened so far is being looked at."""
         if run_id in self.runs:
             self.runs[run_id].nudged = False
+            self.runs[run_id].held_until = None
+            self._place(run_id)
+
+    def held(self, run_id: str, until: str) -> None:
+        """Another worker holds the run's lease until ``until`` (ISO): it is not runnable
+        here before then, unless an event other than its driver's own (a signal, a
+        pause, a takeover) comes first. Without this, every worker of a fleet would try
+        the same oldest runs on every look, and all but one would find nothing to do."""
+        run = self.runs.get(run_id)
+        if run is not None:
+            run.held_until = until
             self._place(run_id)
 
     def _place(self, run_id: str) -> None:
@@ -212,6 +236,10 @@ class RunIndex:
         self._wakes.pop(run_id, None)  # its heap entry, if any, is skipped when popped
         run = self.runs.get(run_id)
         if run is None or run.status == "paused":
+            return
+        if run.held_until is not None:
+            self._wakes[run_id] = run.held_until
+            heapq.heappush(self._due, (run.held_until, run_id))
             return
         idle = run.status == "waiting" or bool(run.waits) or bool(run.retries)
         if run.nudged or not idle:
@@ -390,31 +418,54 @@ class Worker:
         held: dict[str, Claim] = {}
         if len(active) < self.concurrency:  # full: nothing could be claimed anyway
             self.index.refresh()
-        runnable = self.index.runnable()
-        metrics.queue_depth(len(runnable))
-        wanted: list[str] = []
-        for run_id in runnable:
-            if len(active) + len(wanted) >= self.concurrency \
-                    or any(self._suspect(r) for r in [*active, *wanted]):
-                break
-            if self._suspect(run_id) and (active or wanted):
-                continue  # a run its workers died under is driven alone: if it kills
-                # this worker too, no innocent run dies with it and counts a takeover
-            if run_id in active:
-                continue
-            queue, limit, start = self._queue_of(run_id)
-            if limit is None or not limit.limited:
-                wanted.append(run_id)  # claimed with the others, in one commit
-            elif self._claim(run_id, queue, limit, start, held) == "claimed":
+        for round_ in range(CLAIM_ROUNDS):
+            runnable = self.index.runnable()
+            if round_ == 0:
+                metrics.queue_depth(len(runnable))
+            wanted: list[str] = []
+            for run_id in runnable:
+                if len(active) + len(wanted) >= self.concurrency \
+                        or any(self._suspect(r) for r in [*active, *wanted]):
+                    break
+                if self._suspect(run_id) and (active or wanted):
+                    continue  # a run its workers died under is driven alone: if it kills
+                    # this worker too, no innocent run dies with it and counts a takeover
+                if run_id in active:
+                    continue
+                queue, limit, start = self._queue_of(run_id)
+                if limit is None or not limit.limited:
+                    wanted.append(run_id)  # claimed with the others, in one commit
+                    continue
+                outcome = self._claim(run_id, queue, limit, start, held)
+                if outcome == "claimed":
+                    self.index.claimed(run_id)
+                    active.add(run_id)
+                    started.append(run_id)
+                elif outcome == "held":
+                    self._held_elsewhere([run_id])
+            queues: list[str | None] = [self._queue_of(r)[0] for r in wanted]
+            claimed = self.leases.claim_many(wanted, self.worker_id, self.lease_seconds,
+                                             queues)
+            for run_id in claimed:
                 self.index.claimed(run_id)
                 active.add(run_id)
                 started.append(run_id)
-        queues: list[str | None] = [self._queue_of(r)[0] for r in wanted]
-        for run_id in self.leases.claim_many(wanted, self.worker_id, self.lease_seconds,
-                                             queues):
-            self.index.claimed(run_id)
-            started.append(run_id)
+            lost = set(wanted).difference(claimed)
+            # Runs other workers drive: skipped until their leases are up, and the next
+            # runs in the order tried at once (else this look would claim nothing).
+            if not lost or not self._held_elsewhere(sorted(lost)):
+                break
         return started, held
+
+    def _held_elsewhere(self, run_ids: list[str]) -> int:
+        """Note in the index the runs whose leases other workers hold; how many."""
+        now = self.leases.clock()
+        noted = 0
+        for run_id, (worker, expires) in self.leases.holders(run_ids).items():
+            if worker != self.worker_id and expires > now:
+                self.index.held(run_id, datetime.fromtimestamp(expires, UTC).isoformat())
+                noted += 1
+        return noted
 
     def _release_ended(self) -> None:
         """Give up the leases of the drives that ended since the last call."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from saga import Saga
@@ -175,3 +176,58 @@ def test_a_halted_worker_keeps_the_lease_while_a_call_still_runs(saga: Saga) -> 
     assert seen[-1][1] > seen[0][1] + 0.6  # type: ignore[index]
     assert saga.leases.holder(run_id) is None
     assert saga.get(run_id).steps["slow"]["status"] == "running"  # cut short: interrupted
+
+
+def test_workers_of_a_fleet_claim_different_runs_in_one_look(saga: Saga) -> None:
+    """A worker whose first choices another worker holds claims the next runs in the
+    order in the same look, skips the held ones until their leases are up, and claims
+    them once they are (a fleet used to try the same oldest runs, all but one worker
+    claiming nothing)."""
+    plan = saga.load({"name": "one", "steps": [{"id": "a", "tool": "noop"}]})
+    ids = [str(saga.submit(plan, {}).id) for _ in range(6)]
+    first = saga.worker_loop(concurrency=2, worker_id="first")
+    second = saga.worker_loop(concurrency=2, worker_id="second")
+    mine, _ = first._look(set())
+    theirs, _ = second._look(set())
+    assert mine == ids[:2]
+    assert theirs == ids[2:4]  # the held two skipped, in the same look
+    assert second.index.runnable() == ids[2:]  # its own two (driven), and the rest
+    # The first worker's leases are up (it died): the second claims its runs again.
+    later = datetime.now(UTC) + timedelta(seconds=31)
+    second.index.clock = lambda: later
+    assert second.index.runnable() == ids
+    for run_id in mine:
+        saga.leases.db.execute("UPDATE saga_leases SET expires_at = ? WHERE run_id = ?",
+                               (time.time() - 1, run_id))
+    again, _ = second._look(set())  # as if its own two had ended
+    assert again == ids[:2]
+
+
+def test_a_fleet_drains_a_backlog_together(saga: Saga) -> None:
+    """Three workers draining one backlog (until idle) each drive some of it, and every
+    step runs once (a worker may still claim a run another has just finished, before
+    its log shows it: it reads the run and ends)."""
+    plan = saga.load({"name": "two", "steps": [{"id": "a", "tool": "noop"},
+                                               {"id": "b", "tool": "noop",
+                                                "depends_on": ["a"]}]})
+    ids = [str(saga.submit(plan, {}).id) for _ in range(24)]
+    workers = [saga.worker_loop(concurrency=4, poll_interval=0.05, worker_id=f"w{i}")
+               for i in range(3)]
+    for w in workers:
+        w.index.refresh()
+    barrier = threading.Barrier(len(workers))
+
+    def drain(w: Worker) -> None:
+        barrier.wait()
+        w.run(until_idle=True)
+
+    threads = [threading.Thread(target=drain, args=(w,)) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert all(w.driven > 0 for w in workers), [w.driven for w in workers]
+    for run_id in ids:
+        assert [type(e).__name__ for e in saga.events(run_id)] == [
+            "RunStarted", "StepStarted", "StepCompleted", "StepStarted", "StepCompleted",
+            "RunCompleted"]

@@ -14,7 +14,8 @@ Each repeat and worker count gets a fresh schema ``drain_<random>`` (dropped aft
 runs are submitted first (not timed), then the worker processes are spawned, connect, wait
 at a barrier, and drain with ``Worker.run(until_idle=True)``; the wall time is from the
 barrier to the last process ending. Reported: runs/s and events/s (median [min..max])
-and the ratio to the first worker count, per repeat, interleaved. Every run is checked
+and the ratio to the first worker count, per repeat, interleaved; each repeat's line
+shows the drives each worker ended (a worker that claimed nothing shows 0). Every run is checked
 ``completed`` at the end and every run's events counted once. ``--commit wait,no-wait``
 interleaves the two commit modes (``SAGA_PG_COMMIT``) too, ratios against the first.
 """
@@ -65,7 +66,7 @@ def _worker(urls: tuple[str, ...], schema: str, recorder: str, commit: str, conc
 
 
 def drain_once(urls: tuple[str, ...], runs: int, steps: int, workers: int, concurrency: int,
-               recorder: str, commit: str = "wait") -> dict[str, float]:
+               recorder: str, commit: str = "wait") -> dict[str, Any]:
     """One drain of ``runs`` runs by ``workers`` processes; seconds and counts."""
     import psycopg
 
@@ -101,7 +102,8 @@ def drain_once(urls: tuple[str, ...], runs: int, steps: int, workers: int, concu
             raise SystemExit(f"only {done} of {runs} runs completed")
         return {"seconds": seconds, "runs_per_s": runs / seconds,
                 "events_per_s": events / seconds, "events": events, "commits": commits,
-                "cpu_ms_per_run": cpu * 1000 / runs}
+                "cpu_ms_per_run": cpu * 1000 / runs,
+                "driven": [r[0] for r in reports]}
     finally:
         for url in urls:
             with psycopg.connect(url, autocommit=True) as conn:
@@ -129,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         stores = [urls[:1], urls]
     configs = [(store, m, w) for store in stores for m in args.commit.split(",")
                for w in counts]
-    samples: dict[tuple[tuple[str, ...], str, int], list[dict[str, float]]] = {
+    samples: dict[tuple[tuple[str, ...], str, int], list[dict[str, Any]]] = {
         c: [] for c in configs}
     for r in range(args.repeats):
         for store, m, w in (configs if r % 2 == 0 else configs[::-1]):  # interleaved
@@ -139,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[drain] repeat {r + 1}: {len(store)} database(s), {m}, {w} worker(s): "
                   f"{s['seconds']:.2f} s, {s['runs_per_s']:.0f} runs/s, "
                   f"{s['events_per_s']:.0f} events/s, {s['commits']} commits, "
-                  f"{s['cpu_ms_per_run']:.2f} ms of worker CPU per run",
+                  f"{s['cpu_ms_per_run']:.2f} ms of worker CPU per run, drives per worker "
+                  f"{s['driven']}",
                   file=sys.stderr, flush=True)
     base = configs[0]
     print(f"\n{args.runs} runs of a {args.steps}-step noop chain, concurrency "

@@ -148,10 +148,21 @@ class Leases:
             cur.execute(
                 "INSERT INTO saga_leases (run_id, worker, expires_at, queue) "
                 "SELECT r, %s, %s, q FROM unnest(%s::text[], %s::text[]) AS c(r, q) "
-                + _TAKE.format(now="%s") + " RETURNING run_id",
+                # one order for every worker's claims: two never wait for each other
+                "ORDER BY r " + _TAKE.format(now="%s") + " RETURNING run_id",
                 (worker, now + seconds, list(run_ids), list(queues), now))
             held = {row[0] for row in cur.fetchall()}
         return [r for r in run_ids if r in held]
+
+    def holders(self, run_ids: list[str]) -> dict[str, tuple[str, float]]:
+        """The holder and expiry (POSIX time) of each of these runs' leases, by run id
+        (none for a run nobody holds)."""
+        if not run_ids:
+            return {}
+        marks = ", ".join("?" * len(run_ids))
+        rows = self.db.query("SELECT run_id, worker, expires_at FROM saga_leases "
+                             f"WHERE run_id IN ({marks})", run_ids)
+        return {r["run_id"]: (r["worker"], float(r["expires_at"])) for r in rows}
 
     def renew(self, run_id: str, worker: str, seconds: float) -> bool:
         """Extend a lease this worker holds; False if it was taken over."""

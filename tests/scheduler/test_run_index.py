@@ -1,6 +1,7 @@
 """The worker's run index keeps its runnable runs in claim order as the log is applied (a
 look costs what changed, not the backlog): after any sequence of events, claims and
-clock ticks it answers exactly what a scan of every followed run answers."""
+clock ticks (and runs found held by other workers) it answers exactly what a scan of
+every followed run answers."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def scanned(index: RunIndex) -> list[str]:
     now = index.clock().isoformat()
     ready = []
     for run_id, run in index.runs.items():
-        if run.status == "paused":
+        if run.status == "paused" or (run.held_until is not None and run.held_until > now):
             continue
         due = any(t is not None and t <= now
                   for t in [*run.waits.values(), *run.retries.values(), run.deadline])
@@ -75,6 +76,7 @@ steps = st.lists(st.one_of(
               st.integers(0, 2), st.one_of(st.none(), st.integers(0, 60)),
               st.integers(-1, 2), st.integers(0, 30), st.one_of(st.none(), st.integers(1, 60))),
     st.tuples(st.just("claim"), st.sampled_from(RUNS)),
+    st.tuples(st.just("held"), st.sampled_from(RUNS), st.integers(0, 40)),
     st.tuples(st.just("tick"), st.integers(0, 20)),
 ), max_size=80)
 
@@ -88,6 +90,11 @@ steps = st.lists(st.one_of(
           ("event", "r1", "RunStarted", 0, None, 0, 5, None),
           ("event", "r0", "RunCompleted", 0, None, 0, 0, None),
           ("event", "r0", "RunRetried", 0, None, 0, 0, None)])
+@example([("event", "r0", "RunStarted", 0, None, 0, 0, None),  # held, then its lease is up
+          ("held", "r0", 10), ("event", "r0", "StepStarted", 0, None, 0, 0, None),
+          ("tick", 11)])
+@example([("event", "r0", "RunStarted", 0, None, 0, 0, None),  # held, then signalled
+          ("held", "r0", 10), ("event", "r0", "SignalReceived", 0, None, 0, 0, None)])
 def test_the_kept_order_is_the_scanned_order(ops: list[tuple[Any, ...]]) -> None:
     now = [0]
     index = Index(app=None, clock=lambda: BASE + timedelta(seconds=now[0]))  # type: ignore[arg-type]
@@ -101,6 +108,8 @@ def test_the_kept_order_is_the_scanned_order(ops: list[tuple[Any, ...]]) -> None
             index._apply(run_id, TOPIC_PREFIX + name, json.dumps(payload).encode())
         elif op[0] == "claim":
             index.claimed(op[1])
+        elif op[0] == "held":  # another worker's lease, up in op[2] seconds
+            index.held(op[1], (index.clock() + timedelta(seconds=op[2])).isoformat())
         else:
             now[0] += op[1]
         assert index.runnable() == scanned(index)
@@ -135,3 +144,26 @@ def test_a_look_does_not_scan_the_backlog() -> None:
     index._apply("q9998", TOPIC_PREFIX + "RunCompleted", b"{}")
     assert index.runnable()[0] == "q9995"
     assert len(index.runnable()) == 9_999
+
+
+def test_a_run_another_worker_holds_waits_for_its_lease_or_news() -> None:
+    """Held by another worker: not runnable while its driver's own events arrive, until
+    the lease is up; runnable at once when something else happens to it (a signal)."""
+    now = [0]
+    index = Index(app=None, clock=lambda: BASE + timedelta(seconds=now[0]))  # type: ignore[arg-type]
+    index.started_payloads = {}
+    for run_id in ("r0", "r1"):
+        _, payload = event("RunStarted", 0, None, 0, 0, None)
+        index._apply(run_id, TOPIC_PREFIX + "RunStarted", json.dumps(payload).encode())
+    assert index.runnable() == ["r0", "r1"]
+    index.held("r0", at(10))
+    index.held("r1", at(10))
+    assert index.runnable() == []
+    for kind in ("StepStarted", "StepCompleted"):  # its driver at work
+        _, payload = event(kind, 0, None, 0, 0, None)
+        index._apply("r0", TOPIC_PREFIX + kind, json.dumps(payload).encode())
+    _, payload = event("SignalReceived", 0, None, 0, 0, None)
+    index._apply("r1", TOPIC_PREFIX + "SignalReceived", json.dumps(payload).encode())
+    assert index.runnable() == ["r1"]
+    now[0] = 11
+    assert index.runnable() == ["r0", "r1"]
