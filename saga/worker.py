@@ -202,7 +202,7 @@ class RunIndex:
             if self._wakes.get(run_id) == wake:
                 del self._wakes[run_id]
                 run = self.runs[run_id]
-                if run.held_until is not None:  # its holder's lease is up: file it anew
+                if run.held_until is not None:  # its holder's lease, or its own time, is up
                     run.held_until = None
                     self._place(run_id)
                 else:
@@ -219,8 +219,9 @@ class RunIndex:
     def held(self, run_id: str, until: str) -> None:
         """Another worker holds the run's lease until ``until`` (ISO): it is not runnable
         here before then, unless an event other than its driver's own (a signal, a
-        pause, a takeover) comes first. Without this, every worker of a fleet would try
-        the same oldest runs on every look, and all but one would find nothing to do."""
+        pause, a takeover) comes first, or its own timer or retry comes due. Without
+        this, every worker of a fleet would try the same oldest runs on every look, and
+        all but one would find nothing to do."""
         run = self.runs.get(run_id)
         if run is not None:
             run.held_until = until
@@ -237,16 +238,18 @@ class RunIndex:
         run = self.runs.get(run_id)
         if run is None or run.status == "paused":
             return
+        times = [t for t in [*run.waits.values(), *run.retries.values(), run.deadline]
+                 if t is not None]
         if run.held_until is not None:
-            self._wakes[run_id] = run.held_until
-            heapq.heappush(self._due, (run.held_until, run_id))
+            # Looked at again when the holder's lease is up, or sooner when the run's
+            # own time comes (its holder may have let it go, waiting, and stopped).
+            self._wakes[run_id] = min([run.held_until, *times])
+            heapq.heappush(self._due, (self._wakes[run_id], run_id))
             return
         idle = run.status == "waiting" or bool(run.waits) or bool(run.retries)
         if run.nudged or not idle:
             self._enter(run_id)
             return
-        times = [t for t in [*run.waits.values(), *run.retries.values(), run.deadline]
-                 if t is not None]
         if times:
             self._wakes[run_id] = min(times)
             heapq.heappush(self._due, (self._wakes[run_id], run_id))

@@ -167,3 +167,19 @@ def test_a_run_another_worker_holds_waits_for_its_lease_or_news() -> None:
     assert index.runnable() == ["r1"]
     now[0] = 11
     assert index.runnable() == ["r0", "r1"]
+
+
+def test_a_held_run_is_looked_at_again_when_its_own_timer_is_due() -> None:
+    """A run that went waiting under another worker's lease is runnable when its timer
+    is due, before that lease would be up (its holder may have let it go and stopped)."""
+    now = [0]
+    index = Index(app=None, clock=lambda: BASE + timedelta(seconds=now[0]))  # type: ignore[arg-type]
+    index.started_payloads = {}
+    _, payload = event("RunStarted", 0, None, 0, 0, None)
+    index._apply("r0", TOPIC_PREFIX + "RunStarted", json.dumps(payload).encode())
+    index.held("r0", at(30))
+    _, payload = event("StepWaiting", 0, 5, 0, 0, None)
+    index._apply("r0", TOPIC_PREFIX + "StepWaiting", json.dumps(payload).encode())
+    assert index.runnable() == []
+    now[0] = 6
+    assert index.runnable() == ["r0"]
