@@ -53,6 +53,9 @@ log = logging.getLogger("saga.worker")
 #: The longest wait a worker's drive waits out in process (seconds): a longer timer,
 #: retry backoff or signal timeout releases the run, and any worker takes it up when due.
 WORKER_HOLD = 1.0
+#: A run another worker holds is tried again after this long at the latest (seconds),
+#: though its lease runs longer: a worker that stops gives its runs up before then.
+HELD_RECHECK = 5.0
 #: Claims a look makes at most: after the first, only if other workers held some of the
 #: runs it wanted (the next runs in the order are tried instead).
 CLAIM_ROUNDS = 4
@@ -466,7 +469,8 @@ class Worker:
         noted = 0
         for run_id, (worker, expires) in self.leases.holders(run_ids).items():
             if worker != self.worker_id and expires > now:
-                self.index.held(run_id, datetime.fromtimestamp(expires, UTC).isoformat())
+                until = min(expires, now + HELD_RECHECK)
+                self.index.held(run_id, datetime.fromtimestamp(until, UTC).isoformat())
                 noted += 1
         return noted
 

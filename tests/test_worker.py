@@ -10,7 +10,7 @@ from typing import Any
 
 from saga import Saga
 from saga.errors import StoreUnavailableError
-from saga.worker import WORKER_HOLD, Worker
+from saga.worker import HELD_RECHECK, WORKER_HOLD, Worker
 from tests.standins import standins
 
 
@@ -180,8 +180,8 @@ def test_a_halted_worker_keeps_the_lease_while_a_call_still_runs(saga: Saga) -> 
 
 def test_workers_of_a_fleet_claim_different_runs_in_one_look(saga: Saga) -> None:
     """A worker whose first choices another worker holds claims the next runs in the
-    order in the same look, skips the held ones until their leases are up, and claims
-    them once they are (a fleet used to try the same oldest runs, all but one worker
+    order in the same look, skips the held ones for a while, and claims them once their
+    leases are up (a fleet used to try the same oldest runs, all but one worker
     claiming nothing)."""
     plan = saga.load({"name": "one", "steps": [{"id": "a", "tool": "noop"}]})
     ids = [str(saga.submit(plan, {}).id) for _ in range(6)]
@@ -192,14 +192,20 @@ def test_workers_of_a_fleet_claim_different_runs_in_one_look(saga: Saga) -> None
     assert mine == ids[:2]
     assert theirs == ids[2:4]  # the held two skipped, in the same look
     assert second.index.runnable() == ids[2:]  # its own two (driven), and the rest
-    # The first worker's leases are up (it died): the second claims its runs again.
-    later = datetime.now(UTC) + timedelta(seconds=31)
-    second.index.clock = lambda: later
+    # HELD_RECHECK on, the second looks at the held runs again (their holder may have
+    # given them up): still held, they are skipped again, and its own two are claimed.
+    offset = [HELD_RECHECK + 1]
+    second.index.clock = lambda: datetime.now(UTC) + timedelta(seconds=offset[0])
+    second.leases.clock = lambda: time.time() + offset[0]
     assert second.index.runnable() == ids
+    again, _ = second._look(set())  # as if its own two had ended
+    assert again == ids[2:4]
+    # The first worker's leases are up (it died): the second claims its runs.
+    offset[0] += HELD_RECHECK + 1
     for run_id in mine:
         saga.leases.db.execute("UPDATE saga_leases SET expires_at = ? WHERE run_id = ?",
-                               (time.time() - 1, run_id))
-    again, _ = second._look(set())  # as if its own two had ended
+                               (time.time() + offset[0] - 1, run_id))
+    again, _ = second._look(set())
     assert again == ids[:2]
 
 
