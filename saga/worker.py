@@ -245,8 +245,11 @@ class RunIndex:
                  if t is not None]
         if run.held_until is not None:
             # Looked at again when the holder's lease is up, or sooner when the run's
-            # own time comes (its holder may have let it go, waiting, and stopped).
-            self._wakes[run_id] = min([run.held_until, *times])
+            # own time comes (its holder may have let it go, waiting, and stopped); a
+            # time already past does not count (else each claim round of a look would
+            # try the run again at once).
+            now = self.clock().isoformat()
+            self._wakes[run_id] = min([run.held_until, *(t for t in times if t > now)])
             heapq.heappush(self._due, (self._wakes[run_id], run_id))
             return
         idle = run.status == "waiting" or bool(run.waits) or bool(run.retries)

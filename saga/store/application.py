@@ -394,7 +394,9 @@ class _Setup:
     def __init__(self, conn: Any, schema: str | None) -> None:
         self.conn = conn
         self.schema = schema
-        self.recorded = recorded_ddl(conn, schema)
+        # The library's tables are in "public" when no schema is configured; saga's
+        # record of them is beside them, whatever the connection's search path.
+        self.recorded = recorded_ddl(conn, schema or "public")
         self.locked = False
 
     def lock(self) -> None:
@@ -419,7 +421,7 @@ class _Setup:
         self.lock()
         for recorder in recorders:
             recorder.create_table()
-        record_ddl(self.conn, self.schema, digest)
+        record_ddl(self.conn, self.schema or "public", digest)
 
     def unlock(self) -> None:
         if self.locked:

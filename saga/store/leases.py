@@ -148,7 +148,7 @@ class Leases:
             cur.execute(
                 "INSERT INTO saga_leases (run_id, worker, expires_at, queue) "
                 "SELECT r, %s, %s, q FROM unnest(%s::text[], %s::text[]) AS c(r, q) "
-                # one order for every worker's claims: two never wait for each other
+                # one order for every worker's claims: two can wait, but never deadlock
                 "ORDER BY r " + _TAKE.format(now="%s") + " RETURNING run_id",
                 (worker, now + seconds, list(run_ids), list(queues), now))
             held = {row[0] for row in cur.fetchall()}

@@ -192,8 +192,9 @@ class Database:
                 for table, wanted in (columns or {}).items():
                     have = self._columns(cur, table)
                     for name, kind in wanted.items():
-                        if name not in have:
-                            cur.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
+                        if name not in have:  # (a saga of another version may race)
+                            exists = " IF NOT EXISTS" if self.pg else ""
+                            cur.execute(f"ALTER TABLE {table} ADD COLUMN{exists} {name} {kind}")
                 for statement in after:
                     cur.execute(statement)
                 if digest is not None:

@@ -183,3 +183,21 @@ def test_a_held_run_is_looked_at_again_when_its_own_timer_is_due() -> None:
     assert index.runnable() == []
     now[0] = 6
     assert index.runnable() == ["r0"]
+
+
+def test_a_held_run_whose_own_time_has_passed_stays_held_till_its_mark() -> None:
+    """A time of the run's own already past when it is found held (a deadline passed
+    while its holder was in a long call) does not make it runnable again at once: each
+    claim round of a look would try it again, and claim nothing else."""
+    now = [0]
+    index = Index(app=None, clock=lambda: BASE + timedelta(seconds=now[0]))  # type: ignore[arg-type]
+    index.started_payloads = {}
+    for run_id, timeout in (("r0", 1), ("r1", None)):
+        _, payload = event("RunStarted", 0, None, 0, 0, timeout)
+        index._apply(run_id, TOPIC_PREFIX + "RunStarted", json.dumps(payload).encode())
+    now[0] = 5  # r0's deadline (1 s) has passed
+    assert index.runnable() == ["r0", "r1"]
+    index.held("r0", at(10))
+    assert index.runnable() == ["r1"]
+    now[0] = 11
+    assert index.runnable() == ["r0", "r1"]
