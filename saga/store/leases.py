@@ -63,11 +63,19 @@ def claim_sql(table: str = "saga_leases", mark: str = "?") -> str:
             f"VALUES ({mark}, {mark}, {mark}, {mark}) " + _TAKE.format(now=mark))
 
 
-def release_sql(table: str = "saga_leases", mark: str = "?", count: int = 1) -> str:
+def release_sql(table: str = "saga_leases", mark: str = "?", count: int = 1,
+                ordered: bool = False) -> str:
     """The release of the leases one worker holds on ``count`` runs (parameters: the
-    worker, then the run ids), as :func:`claim_sql` names the table and parameters."""
-    return (f"DELETE FROM {table} WHERE worker = {mark} "
-            f"AND run_id IN ({', '.join([mark] * count)})")
+    worker, then the run ids), as :func:`claim_sql` names the table and parameters.
+
+    ``ordered`` (PostgreSQL) locks the rows in run id order first, as claims take them
+    (:meth:`Leases.claim_many`): a claim of several runs and a release of several never
+    deadlock (a claim locks a row another worker holds even when it does not take it)."""
+    ids = ", ".join([mark] * count)
+    if not ordered:
+        return f"DELETE FROM {table} WHERE worker = {mark} AND run_id IN ({ids})"
+    return (f"DELETE FROM {table} WHERE run_id IN (SELECT run_id FROM {table} "
+            f"WHERE worker = {mark} AND run_id IN ({ids}) ORDER BY run_id FOR UPDATE)")
 
 
 _CLAIM = claim_sql()
@@ -177,7 +185,9 @@ class Leases:
     def release_many(self, run_ids: Sequence[str], worker: str) -> None:
         """Give up the leases this worker holds on these runs, in one statement."""
         if run_ids:
-            self.db.execute(release_sql(count=len(run_ids)), (worker, *run_ids), flush=False)
+            self.db.execute(release_sql(count=len(run_ids),
+                                        ordered=self.db.pg and len(run_ids) > 1),
+                            (worker, *run_ids), flush=False)
 
     def holder(self, run_id: str) -> tuple[str, float] | None:
         """(worker, expires_at) of the current lease, if any."""

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
+import psycopg
 import pytest
 
 from saga.api import Saga
@@ -144,3 +147,28 @@ def test_a_first_append_whose_lease_is_held_stores_nothing(saga: Saga) -> None:
     with pytest.raises(RunNotFoundError):
         saga.get("ORDER-9")
     assert saga.leases.holder("ORDER-9")[0] == "someone-else"  # type: ignore[index]
+
+
+def test_a_release_locks_its_rows_in_the_order_claims_do(pg_settings: Settings,
+                                                         registry: Registry) -> None:
+    """A worker's release of several leases locks them in run id order, as a claim of
+    several does, so the two never deadlock: while a claim holds the lowest row (as
+    claiming a run another worker holds locks its row), the release waits for it
+    holding nothing, and the claim can go on to the next row."""
+    s = Saga(pg_settings, registry=registry)
+    try:
+        leases = s.leases
+        assert leases.claim("r2", "a", 30) and leases.claim("r1", "a", 30)  # r2 stored first
+        assert pg_settings.database_url
+        with psycopg.connect(pg_settings.database_url) as claim:
+            claim.execute(f'SET search_path TO "{pg_settings.schema}"')
+            claim.execute("SELECT 1 FROM saga_leases WHERE run_id = 'r1' FOR UPDATE")
+            release = threading.Thread(target=leases.release_many, args=(["r2", "r1"], "a"))
+            release.start()
+            time.sleep(0.5)  # the release is waiting for r1
+            claim.execute("SELECT 1 FROM saga_leases WHERE run_id = 'r2' FOR UPDATE NOWAIT")
+            claim.rollback()
+            release.join(timeout=10)
+        assert leases.holder("r1") is None and leases.holder("r2") is None
+    finally:
+        s.close()
