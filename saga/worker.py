@@ -77,9 +77,16 @@ class _Followed:
     started: float = 0.0  # when it was started (POSIX time): older runs are claimed first
     begun: bool = False  # a driver recorded something: claiming it again starts nothing
     seen: int = 0  # when the index first saw it: the last tie-break of the claim order
-    #: Another worker holds its lease until then (ISO, as last seen): not claimed here
-    #: before, unless something other than its driving happens to it.
+    #: Another worker holds its lease: not claimed here before then (ISO; the lease's
+    #: expiry or HELD_RECHECK on, whichever is sooner), unless something other than its
+    #: driving happens to it, or its own time comes.
     held_until: str | None = None
+
+
+def _times(run: _Followed) -> list[str]:
+    """When the run's own waits, retries and deadline come due (ISO)."""
+    return [t for t in [*run.waits.values(), *run.retries.values(), run.deadline]
+            if t is not None]
 
 
 def _followed(started: dict[str, Any], **kwargs: Any) -> _Followed:
@@ -241,21 +248,22 @@ class RunIndex:
         run = self.runs.get(run_id)
         if run is None or run.status == "paused":
             return
-        times = [t for t in [*run.waits.values(), *run.retries.values(), run.deadline]
-                 if t is not None]
         if run.held_until is not None:
             # Looked at again when the holder's lease is up, or sooner when the run's
             # own time comes (its holder may have let it go, waiting, and stopped); a
             # time already past does not count (else each claim round of a look would
             # try the run again at once).
             now = self.clock().isoformat()
-            self._wakes[run_id] = min([run.held_until, *(t for t in times if t > now)])
-            heapq.heappush(self._due, (self._wakes[run_id], run_id))
+            self._wake(run_id, [run.held_until, *(t for t in _times(run) if t > now)])
             return
         idle = run.status == "waiting" or bool(run.waits) or bool(run.retries)
         if run.nudged or not idle:
             self._enter(run_id)
             return
+        self._wake(run_id, _times(run))
+
+    def _wake(self, run_id: str, times: list[str]) -> None:
+        """File a run in the heap, due at the earliest of ``times`` (none: not at all)."""
         if times:
             self._wakes[run_id] = min(times)
             heapq.heappush(self._due, (self._wakes[run_id], run_id))
@@ -460,8 +468,8 @@ class Worker:
                 active.add(run_id)
                 started.append(run_id)
             lost = set(wanted).difference(claimed)
-            # Runs other workers drive: skipped until their leases are up, and the next
-            # runs in the order tried at once (else this look would claim nothing).
+            # Runs other workers drive: skipped for a while (see _held_elsewhere), and the
+            # next runs in the order tried at once (else this look would claim nothing).
             if not lost or not self._held_elsewhere(sorted(lost)):
                 break
         return started, held

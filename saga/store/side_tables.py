@@ -218,10 +218,9 @@ class Database:
         if self.pg:
             cur.execute("SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) "
                         "AND attnum > 0 AND NOT attisdropped", (table,))
-        else:
-            cur.execute(f"PRAGMA table_info({table})")
-            return {row[1] for row in cur.fetchall()}
-        return {row[0] for row in cur.fetchall()}
+            return {name for (name,) in cur.fetchall()}
+        cur.execute(f"PRAGMA table_info({table})")
+        return {row[1] for row in cur.fetchall()}  # (cid, name, type, ...)
 
     def close(self) -> None:
         """Close the connection."""
@@ -235,9 +234,9 @@ def recorded_ddl(conn: Any, schema: str | None) -> set[str]:
     (or no schema) yet."""
     from psycopg import Error, sql
 
-    table = sql.Identifier(*([schema] if schema else []), SCHEMA_TABLE)
     try:
-        return {row[0] for row in conn.execute(sql.SQL("SELECT digest FROM {}").format(table))}
+        return {row[0] for row in conn.execute(
+            sql.SQL("SELECT digest FROM {}").format(_schema_table(schema)))}
     except Error as e:
         if e.sqlstate in (UNDEFINED_TABLE, INVALID_SCHEMA):
             return set()
@@ -249,10 +248,17 @@ def record_ddl(cur: Any, schema: str | None, digest: str) -> None:
     with the DDL lock held)."""
     from psycopg import sql
 
-    table = sql.Identifier(*([schema] if schema else []), SCHEMA_TABLE)
+    table = _schema_table(schema)
     cur.execute(sql.SQL(SCHEMA_DDL).format(table))
     cur.execute(sql.SQL("INSERT INTO {} (digest) VALUES (%s) ON CONFLICT (digest) DO NOTHING"
                         ).format(table), (digest,))
+
+
+def _schema_table(schema: str | None) -> Any:
+    """``saga_schema``, in ``schema`` if given (else where the search path finds it)."""
+    from psycopg import sql
+
+    return sql.Identifier(*([schema] if schema else []), SCHEMA_TABLE)
 
 
 def check_place(conn: Any, schema: str, place: tuple[int, int] | None, where: str) -> None:
