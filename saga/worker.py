@@ -31,6 +31,7 @@ from saga.domain import (
     DECISIONS,
     DEFAULT_QUEUE,
     TERMINAL,
+    Run,
     RunStatus,
     event_name,
     priority_of,
@@ -340,6 +341,8 @@ class Worker:
         #: Runs whose drive ended, whose leases the next look gives up (appended on the
         #: event loop, taken in the look's thread).
         self._ended: deque[str] = deque()
+        #: The runs a look claimed, read together in its thread, taken by their drives.
+        self._loaded: dict[str, Run] = {}
         self._stopping: asyncio.Event | None = None
         self._running: tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None = None
 
@@ -472,7 +475,22 @@ class Worker:
             # next runs in the order tried at once (else this look would claim nothing).
             if not lost or not self._held_elsewhere(sorted(lost)):
                 break
+        if started:
+            self._load(started)
         return started, held
+
+    def _load(self, run_ids: list[str]) -> None:
+        """Read the runs just claimed in one round trip, for their drives to take."""
+        try:
+            runs = self.app.get_runs(run_ids)
+        except Exception as e:  # each drive reads its own run then, and reports it
+            log.debug("could not read the runs claimed together: %s", e)
+            runs = {}
+        for run_id in run_ids:  # never a copy an earlier look left behind
+            if run_id in runs:
+                self._loaded[run_id] = runs[run_id]
+            else:
+                self._loaded.pop(run_id, None)
 
     def _held_elsewhere(self, run_ids: list[str]) -> int:
         """Note in the index the runs whose leases other workers hold; how many."""
@@ -530,8 +548,9 @@ class Worker:
         lease = self.leases.lease(run_id, self.worker_id, self.lease_seconds)
         loop = asyncio.get_running_loop()
         try:
-            # The read runs in a thread: the loop keeps driving other runs.
-            run = await loop.run_in_executor(None, self.app.get_run, run_id)
+            run = self._loaded.pop(run_id, None)
+            if run is None:  # the look could not read it: in a thread, as the loop drives
+                run = await loop.run_in_executor(None, self.app.get_run, run_id)
             if not run.is_finished:
                 executor = self.make_executor(self.worker_id, self.threads)
                 executor.group = self.group

@@ -237,3 +237,47 @@ def test_a_fleet_drains_a_backlog_together(saga: Saga) -> None:
         assert [type(e).__name__ for e in saga.events(run_id)] == [
             "RunStarted", "StepStarted", "StepCompleted", "StepStarted", "StepCompleted",
             "RunCompleted"]
+
+
+def test_a_look_reads_the_runs_it_claimed_in_one_read(saga: Saga) -> None:
+    """The runs one look claims are read together (one statement on PostgreSQL), and
+    their drives read nothing more; if that read fails, each drive reads its own."""
+    plan = saga.load({"name": "two", "steps": [
+        {"id": "a", "tool": "noop"}, {"id": "b", "tool": "noop", "depends_on": ["a"]}]})
+    app = saga.app
+    reads: list[tuple[str, Any]] = []
+    together, alone = app.get_runs, app.get_run
+    failing: list[bool] = []
+    inside = threading.local()  # SQLite reads them together one by one, in get_runs
+
+    def get_runs(run_ids: Any) -> Any:
+        reads.append(("together", list(run_ids)))
+        if failing:
+            raise StoreUnavailableError("the store went away")
+        inside.on = True
+        try:
+            return together(run_ids)
+        finally:
+            inside.on = False
+
+    def get_run(run_id: Any, version: Any = None) -> Any:
+        if not getattr(inside, "on", False):
+            reads.append(("alone", run_id))
+        return alone(run_id, version)
+
+    first = [saga.submit(plan, {}).run_id for _ in range(3)]
+    app.get_runs, app.get_run = get_runs, get_run  # type: ignore[method-assign]
+    try:
+        worker = saga.worker_loop(concurrency=8, worker_id="w1", poll_interval=0.01)
+        assert worker.run(until_idle=True) == 3
+        assert reads == [("together", first)]
+        second = [saga.submit(plan, {}).run_id for _ in range(2)]
+        reads.clear()
+        failing.append(True)
+        assert worker.run(until_idle=True) == 5
+        assert reads[0] == ("together", second)
+        assert sorted(r for kind, r in reads[1:] if kind == "alone") == sorted(second)
+    finally:
+        app.get_runs, app.get_run = together, alone  # type: ignore[method-assign]
+    for run_id in first + second:
+        assert saga.get(run_id).status == "completed"

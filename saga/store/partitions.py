@@ -104,6 +104,16 @@ class PartitionedApp(SagaApplication):
         """The run as recorded, from its partition."""
         return self.part(run_id).get_run(run_id, version)
 
+    def get_runs(self, run_ids: Sequence[str]) -> dict[str, Run]:
+        """The runs as recorded, by id, one read in each partition they are in."""
+        by_part: dict[int, list[str]] = {}
+        for run_id in run_ids:
+            by_part.setdefault(partition_of(run_id, len(self.parts)), []).append(run_id)
+        runs: dict[str, Run] = {}
+        for index, members in by_part.items():
+            runs.update(self.parts[index].get_runs(members))
+        return runs
+
     def rebuild(self, run_id: str | UUID, version: int | None = None) -> Run:
         """The run folded from its events alone, from its partition."""
         return self.part(run_id).rebuild(run_id, version)

@@ -252,35 +252,53 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
         """An aggregate's latest snapshot (from the table ``snapshots`` of this schema,
         None: none kept) and its events after it, in one statement, where the library's
         repository reads them in two (each composed anew)."""
+        return self.select_runs([originator_id], snapshots).get(originator_id, (None, []))
+
+    def select_runs(self, originator_ids: Sequence[Any], snapshots: str | None
+                    ) -> dict[Any, tuple[StoredEvent | None, list[StoredEvent]]]:
+        """:meth:`select_run` of several aggregates in one statement (a worker loads the
+        runs one look claimed together); the aggregates with no events are left out."""
         statement = self._run_statements.get(snapshots)
         if statement is None:
+            ids = SQL("%(ids)s::{t}[]").format(t=SQL(self._id_type))
             if snapshots is None:
-                query = SQL("SELECT false AS snap, originator_version, topic, state "
-                            "FROM {events} WHERE originator_id = %(id)s "
-                            "ORDER BY originator_version").format(events=self._table)
+                query = SQL("SELECT false AS snap, originator_id, originator_version, topic, "
+                            "state FROM {events} WHERE originator_id = ANY({ids}) "
+                            "ORDER BY originator_id, originator_version").format(
+                    events=self._table, ids=ids)
             else:
+                # Each aggregate's latest snapshot by its index, newest first (LIMIT 1):
+                # a long run keeps many, and only one of their states is read.
                 query = SQL(
-                    "WITH s AS MATERIALIZED (SELECT originator_version, topic, state "
-                    "FROM {snapshots} WHERE originator_id = %(id)s "
-                    "ORDER BY originator_version DESC LIMIT 1) "
-                    "SELECT true AS snap, originator_version, topic, state FROM s "
-                    "UNION ALL SELECT false, originator_version, topic, state "
-                    "FROM {events} WHERE originator_id = %(id)s AND originator_version > "
-                    "COALESCE((SELECT originator_version FROM s), 0) "
-                    "ORDER BY snap DESC, originator_version").format(
+                    "WITH s AS MATERIALIZED (SELECT l.* FROM unnest({ids}) AS a(id), "
+                    "LATERAL (SELECT originator_id, originator_version, topic, state "
+                    "FROM {snapshots} WHERE originator_id = a.id "
+                    "ORDER BY originator_version DESC LIMIT 1) AS l) "
+                    "SELECT true AS snap, originator_id, originator_version, topic, state "
+                    "FROM s UNION ALL SELECT false, e.originator_id, e.originator_version, "
+                    "e.topic, e.state FROM {events} AS e LEFT JOIN s "
+                    "ON s.originator_id = e.originator_id WHERE e.originator_id = ANY({ids}) "
+                    "AND e.originator_version > COALESCE(s.originator_version, 0) "
+                    "ORDER BY originator_id, snap DESC, originator_version").format(
                     snapshots=SQL("{0}.{1}").format(Identifier(self.datastore.schema),
                                                     Identifier(snapshots)),
-                    events=self._table)
+                    events=self._table, ids=ids)
             statement = self._run_statements[snapshots] = query.as_bytes(None)
         with self.datastore.get_connection() as conn, conn.cursor() as curs:
-            curs.execute(statement, {"id": originator_id}, prepare=True)
+            curs.execute(statement, {"ids": list(originator_ids)}, prepare=True)
             rows = curs.fetchall()
-        stored = [StoredEvent(originator_id=originator_id,
-                              originator_version=row["originator_version"],
-                              topic=row["topic"], state=bytes(row["state"])) for row in rows]
-        if rows and rows[0]["snap"]:
-            return stored[0], stored[1:]
-        return None, stored
+        found: dict[Any, tuple[StoredEvent | None, list[StoredEvent]]] = {}
+        for row in rows:
+            originator_id = row["originator_id"]
+            stored = StoredEvent(originator_id=originator_id,
+                                 originator_version=row["originator_version"],
+                                 topic=row["topic"], state=bytes(row["state"]))
+            events = found.setdefault(originator_id, (None, []))[1]
+            if row["snap"]:
+                found[originator_id] = (stored, events)
+            else:
+                events.append(stored)
+        return found
 
     def horizon(self) -> int:
         """The first notification id a reader may not pass yet (see the module docs)."""

@@ -59,3 +59,45 @@ def test_a_run_nobody_started_is_not_found(pg_settings: Settings, registry: Regi
     with Saga(pg_settings, registry=registry) as saga:
         saga.submit(saga.load(chain(1)))
         assert saga.app._load(run_uuid("NOBODY")) is None
+
+
+def test_runs_read_together_are_the_runs_read_one_by_one(settings: Settings,
+                                                         registry: Registry) -> None:
+    """``get_runs`` (a worker's look reads the runs it claimed with it) builds, for each
+    run found, exactly what ``get_run`` builds: past a snapshot, with none yet, under a
+    name its caller chose; a run nobody started is left out."""
+    with Saga(replace(settings, snapshot_interval=3), registry=registry) as saga:
+        submitted = saga.submit(saga.load(chain(2)))  # one event: no snapshot yet
+        finished = saga.run(saga.load(chain(7)))  # snapshots at 3, 6, ... 15, then 16
+        named = saga.submit(saga.load(chain(1)), run_id="ORDER-42")
+        wanted = [finished.run_id, "NOBODY", submitted.run_id, named.run_id]
+        together = saga.app.get_runs(wanted)
+        assert sorted(together) == sorted([finished.run_id, submitted.run_id, "ORDER-42"])
+        for run_id, run in together.items():
+            alone = saga.app.get_run(run_id)
+            assert (run.version, state(run)) == (alone.version, state(alone))
+        assert together[finished.run_id].version == 16
+        assert together[finished.run_id].status == "completed"
+        assert saga.app.get_runs([]) == {}
+
+
+def test_runs_read_together_take_one_statement_past_each_run_s_latest_snapshot(
+        pg_settings: Settings, registry: Registry) -> None:
+    with Saga(replace(pg_settings, snapshot_interval=3), registry=registry) as saga:
+        app: SagaApplication = saga.app
+        short = saga.run(saga.load(chain(1)))  # 4 events: a snapshot at 3
+        long = saga.run(saga.load(chain(7)))  # 16 events
+        table = app.snapshots.recorder.events_table_name  # type: ignore[union-attr]
+        read = app.recorder.select_runs(  # type: ignore[attr-defined]
+            [run_uuid(short.run_id), run_uuid(long.run_id), run_uuid("NOBODY")], table)
+        assert set(read) == {run_uuid(short.run_id), run_uuid(long.run_id)}
+        snapshot, events = read[run_uuid(long.run_id)]
+        assert snapshot is not None and snapshot.originator_version == 15
+        assert [e.originator_version for e in events] == [16]
+        snapshot, events = read[run_uuid(short.run_id)]
+        assert snapshot is not None and snapshot.originator_version == 3
+        assert [e.originator_version for e in events] == [4]
+        events_only = app.recorder.select_runs(  # type: ignore[attr-defined]
+            [run_uuid(long.run_id)], None)[run_uuid(long.run_id)]
+        assert events_only[0] is None
+        assert [e.originator_version for e in events_only[1]] == list(range(1, 17))

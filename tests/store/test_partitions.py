@@ -157,6 +157,10 @@ def test_runs_land_whole_on_both_partitions_and_a_worker_drains_them(
         assert sorted(r["run_id"] for r in saga.list_runs(limit=None)) == sorted(
             str(saga.get(i).id) if i != "ORDER-42" else "ORDER-42" for i in ids)
         counts = [len(p.runs(limit=None)) for p in saga.projection.parts]  # type: ignore
+        # read together (as a worker's look reads what it claimed): one read per partition
+        together = saga.app.get_runs([*ids, "NOBODY"])
+        assert sorted(together) == sorted(ids)
+        assert all(together[i].version == saga.app.get_run(i).version for i in ids)
         assert counts == [sum(1 for v in where.values() if v == k) for k in (0, 1)]
         assert saga.lag() == 0
     assert sum(len(s) for s in stored) == len(ids)
