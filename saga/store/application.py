@@ -192,9 +192,11 @@ class SagaApplication(Application[UUID]):
         runs = {}
         for uid, (snapshot, events) in loaded.items():
             try:
-                runs[by_uid[uid]] = self._build(snapshot, events)
+                run = self._build(snapshot, events)
             except DoctoredSnapshotError:  # read again on its own: rebuilt from its events
-                runs[by_uid[uid]] = self.get_run(by_uid[uid])
+                run = self.get_run(by_uid[uid])
+            if run is not None:
+                runs[by_uid[uid]] = run
         return runs
 
     def _snapshot_table(self) -> str | None:
