@@ -484,7 +484,9 @@ class Worker:
         try:
             runs = self.app.get_runs(run_ids)
         except Exception as e:  # each drive reads its own run then, and reports it
-            log.debug("could not read the runs claimed together: %s", e)
+            # Not quiet: a read that always fails costs every drive a read of its own.
+            log.warning("could not read the %d runs claimed together (each drive reads "
+                        "its own): %s", len(run_ids), e)
             runs = {}
         for run_id in run_ids:  # never a copy an earlier look left behind
             if run_id in runs:

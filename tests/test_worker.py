@@ -8,6 +8,8 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
+
 from saga import Saga
 from saga.errors import StoreUnavailableError
 from saga.worker import HELD_RECHECK, WORKER_HOLD, Worker
@@ -239,7 +241,8 @@ def test_a_fleet_drains_a_backlog_together(saga: Saga) -> None:
             "RunCompleted"]
 
 
-def test_a_look_reads_the_runs_it_claimed_in_one_read(saga: Saga) -> None:
+def test_a_look_reads_the_runs_it_claimed_in_one_read(saga: Saga,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
     """The runs one look claims are read together (one statement on PostgreSQL), and
     their drives read nothing more; if that read fails, each drive reads its own."""
     plan = saga.load({"name": "two", "steps": [
@@ -277,6 +280,8 @@ def test_a_look_reads_the_runs_it_claimed_in_one_read(saga: Saga) -> None:
         assert worker.run(until_idle=True) == 5
         assert reads[0] == ("together", second)
         assert sorted(r for kind, r in reads[1:] if kind == "alone") == sorted(second)
+        assert any(r.levelname == "WARNING" and "could not read the 2 runs claimed "
+                   "together" in r.getMessage() for r in caplog.records)
     finally:
         app.get_runs, app.get_run = together, alone  # type: ignore[method-assign]
     for run_id in first + second:
