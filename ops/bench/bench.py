@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
+import inspect
 import json
 import math
 import multiprocessing as mp
@@ -406,7 +407,10 @@ def bare_loop(registry: Registry, shape: str, calls: int) -> float:
         for step_id, func in tools:
             ctx = ToolContext(run_id=run_id, step_id=step_id, iteration=0, attempt=1,
                               idempotency_key=f"{run_id}:{step_id}:0")
-            func({}, ctx)
+            out = func({}, ctx)
+            if inspect.iscoroutine(out):  # a coroutine tool that waits on nothing ends
+                with contextlib.suppress(StopIteration):  # at its first send
+                    out.send(None)
     return (time.perf_counter() - started) / (rounds * len(tools))
 
 
@@ -423,17 +427,20 @@ async def _scaffold_run(registry: Registry, levels: list[list[str]], run_id: str
                         pool: ThreadPoolExecutor) -> None:
     loop = asyncio.get_running_loop()
     func = registry.get("noop").func
+    on_loop = inspect.iscoroutinefunction(func)
     for wave in levels:
-        await asyncio.gather(*(loop.run_in_executor(
-            pool, func, {}, ToolContext(run_id=run_id, step_id=step_id, iteration=0,
-                                        attempt=1, idempotency_key=f"{run_id}:{step_id}:0"))
-            for step_id in wave))
+        ctxs = [ToolContext(run_id=run_id, step_id=step_id, iteration=0, attempt=1,
+                            idempotency_key=f"{run_id}:{step_id}:0") for step_id in wave]
+        await asyncio.gather(*(func({}, ctx) if on_loop  # as the executor calls it
+                               else loop.run_in_executor(pool, func, {}, ctx)
+                               for ctx in ctxs))
 
 
 def scaffold(registry: Registry, shape: str, runs: int) -> float:
     """Seconds per run of the executor's concurrency scaffolding alone: ``asyncio.run`` and
-    one thread hand-off per step to a 16-thread pool the runs share, as the drives of one
-    process do (waves run together), with no scheduler, events or store."""
+    one call per step as the executor makes it (a coroutine tool on the loop, as ``noop``
+    is; a plain function by a hand-off to a 16-thread pool the runs share, as the drives
+    of one process do), waves together, with no scheduler, events or store."""
     levels = _levels(shape)
     pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="bench-scaffold")
     try:
@@ -838,8 +845,9 @@ def render(stores: list[Store], budget: Budget, results: dict[str, Any],
     out += ["", "Commits are counted as `on_events` calls (one per `save_run` of the run's "
             "events); the lease's claim and release are separate commits on saga's own "
             "connection and are listed apart. Bare loop, µs per direct `tool.func({}, ctx)` "
-            "call: " + ", ".join(f"{SHAPE_TITLES[k]} {num(med(v) * 1000)}"
-                                   for k, v in results["bare_ms_per_step"].items()) + ".",
+            "call (`noop` is a coroutine function: its coroutine is run to its end): "
+            + ", ".join(f"{SHAPE_TITLES[k]} {num(med(v) * 1000)}"
+                        for k, v in results["bare_ms_per_step"].items()) + ".",
             "", "Where a run's wall time goes (ms per run, from pass-through timers):", ""]
     out += breakdown_table(stores, results)
     out += ["", "CPU per step is the driving thread's CPU time (`time.thread_time`) over the "

@@ -17,12 +17,12 @@ from saga.tools import file, git, http, shell, sql
 from saga.tools.base import Tool, ToolContext
 
 
-def noop(params: dict[str, Any], ctx: ToolContext) -> None:
+async def noop(params: dict[str, Any], ctx: ToolContext) -> None:
     """Does nothing and returns null."""
     return None
 
 
-def echo(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+async def echo(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     """Returns its parameters."""
     return dict(params)
 
@@ -34,7 +34,7 @@ async def sleep(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     return {"slept": seconds}
 
 
-def fail(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+async def fail(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     """Fails with ``message``; with ``times: N`` only the first N attempts fail."""
     times = params.get("times")
     if times is not None and ctx.attempt > int(times):

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from saga.api import Saga
+from saga.executor import Executor
 from tests.standins import standins
 
 
@@ -57,3 +58,25 @@ def test_a_worker_shares_its_threads_across_its_drives(lite: Saga) -> None:
     assert worker.run(until_idle=True) == 5
     assert len({c["thread"] for c in _blocks()}) <= 2  # not one per drive (see above)
     assert worker.threads.max_threads == 16
+
+
+def test_the_builtin_tools_that_wait_on_nothing_stay_on_the_loop(lite: Saga,
+                                                                   monkeypatch: Any) -> None:
+    """noop, echo and fail are coroutines, like shell, http and sleep: a step of theirs
+    costs no hand-off to a tool thread, while a plain function's still gets one."""
+    handed: list[Any] = []
+    submit = Executor.submit
+    monkeypatch.setattr(Executor, "submit",
+                        lambda self, call: handed.append(call) or submit(self, call))
+    flow = {"name": "on-the-loop", "steps": [
+        {"id": "n", "tool": "noop"},
+        {"id": "e", "tool": "echo", "args": {"x": 1}, "depends_on": ["n"]},
+        {"id": "f", "tool": "fail", "args": {"times": 1}, "depends_on": ["e"],
+         "retry": {"max_attempts": 2, "delay": 0.01}}]}
+    run = lite.run(lite.load(flow))
+    assert run.status == "completed"
+    assert run.outputs["e"] == {"x": 1} and run.outputs["f"]["failed_before"] == 1
+    assert handed == []
+    standins.CALLS.clear()
+    assert lite.run(lite.load(_one(0.01))).status == "completed"
+    assert len(handed) == 1
