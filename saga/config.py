@@ -10,14 +10,19 @@ from __future__ import annotations
 import getpass
 import os
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlparse
 
 from saga.errors import ConfigError
+from saga.lazy import lazy
+
+if TYPE_CHECKING:
+    import tomllib
+else:
+    tomllib = lazy("tomllib")  # read only where a config file is
 
 
 @dataclass(frozen=True)

@@ -12,16 +12,21 @@ How often each template ran, and how well, is :mod:`saga.report`'s business.
 
 from __future__ import annotations
 
-import difflib
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from saga.composition.definition import load_file
 from saga.config import Settings
 from saga.errors import ConfigError, DefinitionError
+from saga.lazy import lazy
+
+if TYPE_CHECKING:
+    import difflib
+else:
+    difflib = lazy("difflib")  # only a name not found needs it
 
 #: The built-in templates: package data, so an installed wheel has them too.
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"

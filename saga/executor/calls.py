@@ -11,16 +11,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
-
-import tenacity
+from typing import TYPE_CHECKING, Any
 
 from saga import expressions, secrets
 from saga.chain import json_safe
 from saga.composition import Plan
 from saga.composition.definition import RetryPolicy, Step
 from saga.errors import ExpressionError, ToolError
+from saga.lazy import lazy
 from saga.tools import ToolContext
+
+if TYPE_CHECKING:
+    import tenacity
+else:
+    tenacity = lazy("tenacity")  # only a retry's wait needs it
 
 _DEFAULT_RETRY = RetryPolicy()
 

@@ -50,9 +50,8 @@ poll :meth:`select_notifications`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import tenacity
 from eventsourcing.persistence import (
     IntegrityError,
     InterfaceError,
@@ -69,7 +68,13 @@ from psycopg import errors
 from psycopg.sql import SQL, Composed, Identifier, Literal
 
 from saga.errors import LeaseHeldError
+from saga.lazy import lazy
 from saga.store.leases import LeaseClaim, LeaseRelease, claim_sql, release_sql
+
+if TYPE_CHECKING:
+    import tenacity
+else:
+    tenacity = lazy("tenacity")  # only creating the tables needs it
 
 #: Bits of a notification id below the transaction id: events per insert must fit.
 ORDINAL_BITS = 20

@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TypeVar
-
-import tenacity
+from typing import TYPE_CHECKING, TypeVar
 
 from saga.errors import StoreUnavailableError, first_line
+from saga.lazy import lazy
+
+if TYPE_CHECKING:
+    import tenacity
+else:
+    tenacity = lazy("tenacity")  # only a lost connection needs it
 
 log = logging.getLogger("saga.store")
 T = TypeVar("T")
