@@ -13,7 +13,8 @@ alone, and into a store partitioned over all of them (README, Partitioned stores
 Each repeat and worker count gets a fresh schema ``drain_<random>`` (dropped after): the
 runs are submitted first (not timed), then the worker processes are spawned, connect, wait
 at a barrier, and drain with ``Worker.run(until_idle=True)``; the wall time is from the
-barrier to the last process ending. Reported: runs/s and events/s (median [min..max])
+barrier to the last worker's report that its ``Worker.run`` returned (the child
+processes' exit is timed apart, ``exit_s``). Reported: runs/s and events/s (median [min..max])
 and the ratio to the first worker count, per repeat, interleaved; each repeat's line
 shows the drives each worker ended (a worker that claimed nothing shows 0). Every run is checked
 ``completed`` at the end and every run's events counted once. ``--commit wait,no-wait``
@@ -88,10 +89,14 @@ def drain_once(urls: tuple[str, ...], runs: int, steps: int, workers: int, concu
             p.start()
         barrier.wait(timeout=120)
         started = time.perf_counter()
-        for p in procs:
-            p.join(timeout=600)
+        # A worker reports as soon as its Worker.run returns; the drain ends with the last
+        # report. What follows, the spawned child's interpreter shutting down, is timed
+        # apart (exit_s): `saga worker` ends with os._exit after its atexit hooks instead.
+        reports = [out.get(timeout=600) for _ in procs]
         seconds = time.perf_counter() - started
-        reports = [out.get(timeout=10) for _ in procs]
+        for p in procs:
+            p.join(timeout=60)
+        exit_s = time.perf_counter() - started - seconds
         commits = sum(r[1] for r in reports)
         cpu = sum(r[2] for r in reports)  # the worker processes' own, all threads
         with Saga(_settings(urls, schema, recorder), registry=load_registry([])) as saga:
@@ -100,7 +105,7 @@ def drain_once(urls: tuple[str, ...], runs: int, steps: int, workers: int, concu
                          for part in parts_of(saga.app))
         if done != runs:
             raise SystemExit(f"only {done} of {runs} runs completed")
-        return {"seconds": seconds, "runs_per_s": runs / seconds,
+        return {"seconds": seconds, "exit_s": exit_s, "runs_per_s": runs / seconds,
                 "events_per_s": events / seconds, "events": events, "commits": commits,
                 "cpu_ms_per_run": cpu * 1000 / runs,
                 "driven": [r[0] for r in reports]}

@@ -68,7 +68,7 @@ def targets_phase(url: str, quick: bool, repeats: int, floor: Any) -> dict[str, 
     out: dict[str, list[float]] = {k: [] for k in (
         "one_at_a_time_eps", "concurrent_eps", "group_ratio", "one_worker_rps",
         "four_workers_rps", "workers_ratio", "cli_s", "floor_ms", "group_commits",
-        "one_at_a_time_cpu", "concurrent_cpu")}
+        "one_at_a_time_cpu", "concurrent_cpu", "exit_s")}
     for r in range(repeats):
         print(f"[bench] targets repeat {r + 1}/{repeats}", file=sys.stderr, flush=True)
         out["floor_ms"].append(floor())
@@ -80,6 +80,7 @@ def targets_phase(url: str, quick: bool, repeats: int, floor: Any) -> dict[str, 
         out["one_at_a_time_cpu"].append(one["cpu_ms_per_run"])
         out["concurrent_cpu"].append(many["cpu_ms_per_run"])
         out["group_ratio"].append(many["events_per_s"] / one["events_per_s"])
+        out["exit_s"] += [one["exit_s"], many["exit_s"]]
         order = [1, 4] if r % 2 == 0 else [4, 1]
         got = {w: drain_once((url,), drain_runs, 5, w, 64, "xid") for w in order}
         out["one_worker_rps"].append(got[1]["runs_per_s"])
@@ -129,6 +130,8 @@ def targets_table(results: dict[str, Any]) -> list[str]:
               f"all its threads: {_spread(s['one_at_a_time_cpu'])[1]} ms at concurrency 1, "
               f"{_spread(s['concurrent_cpu'])[1]} ms at 64); runs/s: 1 worker "
               f"{_spread(s['one_worker_rps'])[1]}, 4 workers "
-              f"{_spread(s['four_workers_rps'])[1]}. This machine has "
+              f"{_spread(s['four_workers_rps'])[1]}. A drain ends when its last worker "
+              "reports its `Worker.run` returned; the worker process's exit after it, "
+              f"not counted, took {_spread(s['exit_s'])[1]} s. This machine has "
               f"{os.cpu_count()} CPUs: 4 worker processes can use at most that many."]
     return lines
