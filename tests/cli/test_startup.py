@@ -77,10 +77,11 @@ def test_every_help_has_an_example() -> None:
 #: What a run of a step-list composition never touches, so ``saga run`` does not import it
 #: (networkx and the graph form's models are for graph-form files and drawings; audit,
 #: replay, schedules and workers for their own commands; Jinja2 for templates; cryptography
-#: for SAGA_UNDO_KEY; rich for a terminal or text that is not plain).
+#: for SAGA_UNDO_KEY; rich for a terminal or text that is not plain; tenacity for a retry's
+#: wait or a lost connection; tomllib for a config file; difflib for a template not found).
 NOT_FOR_A_STEP_LIST_RUN = ("networkx", "saga.audit", "saga.replay", "saga.schedules",
                            "saga.worker", "saga.diagram", "croniter", "jinja2",
-                           "cryptography", "rich")
+                           "cryptography", "rich", "tenacity", "tomllib", "difflib")
 STEP_LIST = """name: three
 steps:
   - {id: s0, tool: noop}
