@@ -409,8 +409,12 @@ def bare_loop(registry: Registry, shape: str, calls: int) -> float:
                               idempotency_key=f"{run_id}:{step_id}:0")
             out = func({}, ctx)
             if inspect.iscoroutine(out):  # a coroutine tool that waits on nothing ends
-                with contextlib.suppress(StopIteration):  # at its first send
+                try:  # at its first send
                     out.send(None)
+                except StopIteration:
+                    continue
+                out.close()
+                raise RuntimeError(f"the bare loop's {step_id} tool waited on something")
     return (time.perf_counter() - started) / (rounds * len(tools))
 
 
@@ -797,7 +801,7 @@ def engine_table(stores: list[Store], results: dict[str, Any]) -> list[str]:
 def breakdown_table(stores: list[Store], results: dict[str, Any]) -> list[str]:
     lines = ["| store | composition | ms/run | in `save_run` (event commits) "
              "| in lease SQL (claim + release) | rest, in process | rest per step "
-             "| of which scaffold (asyncio + threads) | `save_run` ÷ event commits ÷ floor "
+             "| of which scaffold (asyncio, tool calls) | `save_run` ÷ event commits ÷ floor "
              "| CPU per step, driving thread, ms | the engine alone (nothing appended): "
              "ms/step, CPU ms/step |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]

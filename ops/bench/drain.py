@@ -24,8 +24,10 @@ interleaves the two commit modes (``SAGA_PG_COMMIT``) too, ratios against the fi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
 import os
+import queue
 import statistics
 import sys
 import time
@@ -66,6 +68,29 @@ def _worker(urls: tuple[str, ...], schema: str, recorder: str, commit: str, conc
         out.put((worker.driven, worker.group.commits, time.process_time() - cpu))
 
 
+def _reports(procs: list[Any], out: Any, timeout: float) -> list[Any]:
+    """One report per worker process, as each arrives; a process that ended without
+    reporting (it raised) fails the drain at once instead of after ``timeout``."""
+    reports: list[Any] = []
+    deadline = time.monotonic() + timeout
+    while len(reports) < len(procs):
+        try:
+            reports.append(out.get(timeout=0.01))
+            continue
+        except queue.Empty:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{len(procs) - len(reports)} worker(s) did not report "
+                             f"in {timeout:.0f} s")
+        if sum(p.exitcode is not None for p in procs) > len(reports):
+            with contextlib.suppress(queue.Empty):  # its report may be on the way still
+                reports.append(out.get(timeout=1))
+                continue
+            failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            raise SystemExit(f"a worker process ended without a report (exit codes {failed})")
+    return reports
+
+
 def drain_once(urls: tuple[str, ...], runs: int, steps: int, workers: int, concurrency: int,
                recorder: str, commit: str = "wait") -> dict[str, Any]:
     """One drain of ``runs`` runs by ``workers`` processes; seconds and counts."""
@@ -90,12 +115,15 @@ def drain_once(urls: tuple[str, ...], runs: int, steps: int, workers: int, concu
         barrier.wait(timeout=120)
         started = time.perf_counter()
         # A worker reports as soon as its Worker.run returns; the drain ends with the last
-        # report. What follows, the spawned child's interpreter shutting down, is timed
-        # apart (exit_s): `saga worker` ends with os._exit after its atexit hooks instead.
-        reports = [out.get(timeout=600) for _ in procs]
+        # report. What follows (its Saga closed, the spawned child's interpreter shutting
+        # down) is timed apart as exit_s: the `saga` command skips that shutdown.
+        reports = _reports(procs, out, timeout=600)
         seconds = time.perf_counter() - started
         for p in procs:
             p.join(timeout=60)
+            if p.exitcode is None:
+                p.kill()
+                raise SystemExit("a worker process did not exit 60 s after its report")
         exit_s = time.perf_counter() - started - seconds
         commits = sum(r[1] for r in reports)
         cpu = sum(r[2] for r in reports)  # the worker processes' own, all threads
@@ -147,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{s['seconds']:.2f} s, {s['runs_per_s']:.0f} runs/s, "
                   f"{s['events_per_s']:.0f} events/s, {s['commits']} commits, "
                   f"{s['cpu_ms_per_run']:.2f} ms of worker CPU per run, drives per worker "
-                  f"{s['driven']}",
+                  f"{s['driven']}, then {s['exit_s']:.2f} s for the processes to exit "
+                  "(not counted)",
                   file=sys.stderr, flush=True)
     base = configs[0]
     print(f"\n{args.runs} runs of a {args.steps}-step noop chain, concurrency "

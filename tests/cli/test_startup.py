@@ -78,7 +78,8 @@ def test_every_help_has_an_example() -> None:
 #: (networkx and the graph form's models are for graph-form files and drawings; audit,
 #: replay, schedules and workers for their own commands; Jinja2 for templates; cryptography
 #: for SAGA_UNDO_KEY; rich for a terminal or text that is not plain; tenacity for a retry's
-#: wait or a lost connection; tomllib for a config file; difflib for a template not found).
+#: wait, a lost connection or new PostgreSQL tables; tomllib for a saga.toml or pyproject.toml;
+#: difflib for a template not found).
 NOT_FOR_A_STEP_LIST_RUN = ("networkx", "saga.audit", "saga.replay", "saga.schedules",
                            "saga.worker", "saga.diagram", "croniter", "jinja2",
                            "cryptography", "rich", "tenacity", "tomllib", "difflib")
