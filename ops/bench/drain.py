@@ -74,8 +74,8 @@ def _reports(procs: list[Any], out: Any, timeout: float) -> list[Any]:
     reports: list[Any] = []
     deadline = time.monotonic() + timeout
     while len(reports) < len(procs):
-        try:
-            reports.append(out.get(timeout=0.01))
+        try:  # a report ends the wait at once; the timeout only paces the checks below
+            reports.append(out.get(timeout=0.5))
             continue
         except queue.Empty:
             pass

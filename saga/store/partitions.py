@@ -106,13 +106,17 @@ class PartitionedApp(SagaApplication):
 
     def get_runs(self, run_ids: Sequence[str]) -> dict[str, Run]:
         """The runs as recorded, by id, one read in each partition they are in."""
-        by_part: dict[int, list[str]] = {}
-        for run_id in run_ids:
-            by_part.setdefault(partition_of(run_id, len(self.parts)), []).append(run_id)
         runs: dict[str, Run] = {}
-        for index, members in by_part.items():
-            runs.update(self.parts[index].get_runs(members))
+        for index, members in self._by_part(run_ids).items():
+            runs.update(self.parts[index].get_runs([run_ids[i] for i in members]))
         return runs
+
+    def _by_part(self, run_ids: Sequence[str | UUID]) -> dict[int, list[int]]:
+        """The positions in ``run_ids`` of the runs each partition holds."""
+        by_part: dict[int, list[int]] = {}
+        for i, run_id in enumerate(run_ids):
+            by_part.setdefault(partition_of(run_id, len(self.parts)), []).append(i)
+        return by_part
 
     def rebuild(self, run_id: str | UUID, version: int | None = None) -> Run:
         """The run folded from its events alone, from its partition."""
@@ -132,9 +136,7 @@ class PartitionedApp(SagaApplication):
     def save_runs(self, runs: list[Run]) -> list[Exception | None]:
         """Group commit per partition: one transaction in each partition touched."""
         results: list[Exception | None] = [None] * len(runs)
-        by_part: dict[int, list[int]] = {}
-        for i, run in enumerate(runs):
-            by_part.setdefault(partition_of(run.id, len(self.parts)), []).append(i)
+        by_part = self._by_part([run.id for run in runs])
         if len(by_part) == 1:
             index = next(iter(by_part))
             return self.parts[index].save_runs(runs)
