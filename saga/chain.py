@@ -91,10 +91,11 @@ def seal(state: dict[str, Any], key: bytes | None) -> str:
 
 
 def link_fields(event_type: str, version: int, timestamp: str, actor: str | None,
-                fields: dict[str, Any], prev: str, key: bytes | None) -> dict[str, Any]:
-    """The chain fields of a new event: its actor, predecessor link, payload hash and,
-    with an audit key, the HMAC of its own link."""
+                fields: dict[str, Any], prev: str, key: bytes | None
+                ) -> tuple[dict[str, Any], str]:
+    """The chain fields of a new event (its actor, predecessor link, payload hash and,
+    with an audit key, the HMAC of its own link), and that link."""
     digest = payload_hash(payload_of(fields))
     link = event_hash(event_type, version, timestamp, actor, digest, prev)
     return {"actor": actor, "prev_hash": prev, "payload_hash": digest,
-            "mac": sign(key, link) if key else None}
+            "mac": sign(key, link) if key else None}, link

@@ -94,12 +94,17 @@ class Run(RunCommands, StepStates, Aggregate):
             return [] if iteration is None or step_id is None else [step_key(step_id, iteration)]
 
         def mutate(self, aggregate: Any) -> Any:
+            return self.chain_onto(aggregate, self.link())
+
+        def chain_onto(self, aggregate: Any, link: str) -> Any:
+            """:meth:`mutate`, with this event's link already known (a new event's is:
+            its chain fields were computed from it)."""
             before: RunStatus = aggregate.status if aggregate is not None else "running"
             aggregate = super().mutate(aggregate)
             aggregate._reindex(self.changed())
             aggregate.status = status_after(type(self).__name__, before,
                                             still_waiting=aggregate.is_waiting)
-            aggregate.head_hash = self.link()
+            aggregate.head_hash = link
             return aggregate
 
     class Snapshot(LibrarySnapshot):
@@ -146,8 +151,8 @@ class Run(RunCommands, StepStates, Aggregate):
                   "inputs": inputs, "context": context, "options": options}
         timestamp = cls.RunStarted.create_timestamp()
         uid = run_uuid(run_id) if run_id else uuid4()
-        chain = link_fields("RunStarted", 1, iso(timestamp), context.get("actor"), fields,
-                            genesis(str(uid)), cls.audit_key)
+        chain, _ = link_fields("RunStarted", 1, iso(timestamp), context.get("actor"), fields,
+                               genesis(str(uid)), cls.audit_key)
         return cls._create(cls.RunStarted, id=uid, timestamp=timestamp, **fields, **chain)
 
     def trigger_event(self, event_class: Any, **kwargs: Any) -> None:
@@ -158,9 +163,15 @@ class Run(RunCommands, StepStates, Aggregate):
                 kwargs[name] = default if factory is None else factory()
         timestamp = event_class.create_timestamp()
         actor = kwargs.pop("actor", None) or self.actor
-        chain = link_fields(event_class.__name__, self.version + 1, iso(timestamp), actor,
-                            kwargs, self.head_hash, self.audit_key)
-        super().trigger_event(event_class, timestamp=timestamp, **kwargs, **chain)
+        version = self.version + 1
+        chain, link = link_fields(event_class.__name__, version, iso(timestamp), actor,
+                                  kwargs, self.head_hash, self.audit_key)
+        # What the library's trigger_event does, but the event joins the chain with the
+        # link just computed: its mutate would hash it (and format its time) again.
+        event = event_class(originator_id=self.id, originator_version=version,
+                            timestamp=timestamp, **kwargs, **chain)
+        event.chain_onto(self, link)
+        self._pending_events.append(event)
 
     def __init__(self, definition: dict[str, Any], definition_hash: str,
                  inputs: dict[str, Any], context: dict[str, Any], options: dict[str, Any]) -> None:
