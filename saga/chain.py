@@ -10,6 +10,7 @@ audit key, an HMAC of that link. This module is pure: the aggregate writes the c
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -23,6 +24,7 @@ CHAIN_FIELDS = ("actor", "prev_hash", "payload_hash", "mac")
 GENESIS = ""
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _ENVELOPE = ("originator_id", "originator_version", "timestamp", "originator_topic")
+_DEFAULTS: dict[type, tuple[tuple[str, Any, Any], ...]] = {}
 
 
 def json_safe(value: Any) -> Any:
@@ -99,3 +101,19 @@ def link_fields(event_type: str, version: int, timestamp: str, actor: str | None
     link = event_hash(event_type, version, timestamp, actor, digest, prev)
     return {"actor": actor, "prev_hash": prev, "payload_hash": digest,
             "mac": sign(key, link) if key else None}, link
+
+
+def payload_defaults(event_class: type) -> tuple[tuple[str, Any, Any], ...]:
+    """The payload fields of an event class that have a default, ``(name, default,
+    factory)``, looked up once per class: a new event spells them out so its payload hash
+    covers exactly what is stored."""
+    found = _DEFAULTS.get(event_class)
+    if found is None:
+        found = _DEFAULTS[event_class] = tuple(
+            (f.name, f.default, None if f.default_factory is dataclasses.MISSING
+             else f.default_factory)
+            for f in dataclasses.fields(event_class)
+            if f.name not in CHAIN_FIELDS and f.name not in _ENVELOPE
+            and (f.default is not dataclasses.MISSING
+                 or f.default_factory is not dataclasses.MISSING))
+    return found

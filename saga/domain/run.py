@@ -18,7 +18,7 @@ from uuid import uuid4
 from eventsourcing.domain import Aggregate
 from eventsourcing.domain import Snapshot as LibrarySnapshot
 
-from saga.chain import CHAIN_FIELDS, GENESIS, event_hash, genesis, link_fields, seal
+from saga.chain import GENESIS, event_hash, genesis, link_fields, payload_defaults, seal
 from saga.domain.commands import RunCommands
 from saga.domain.steps import DERIVED, StepStates
 from saga.domain.vocabulary import (
@@ -34,24 +34,6 @@ from saga.domain.vocabulary import (
     step_key,
 )
 from saga.errors import DoctoredSnapshotError
-
-_ENVELOPE = ("originator_id", "originator_version", "timestamp", "originator_topic")
-_DEFAULTS: dict[type, tuple[tuple[str, Any, Any], ...]] = {}
-
-
-def _defaults(event_class: type) -> tuple[tuple[str, Any, Any], ...]:
-    """The payload fields of an event class that have a default: ``(name, default,
-    factory)``, looked up once per class (a trigger is on every step's path)."""
-    found = _DEFAULTS.get(event_class)
-    if found is None:
-        found = _DEFAULTS[event_class] = tuple(
-            (f.name, f.default, None if f.default_factory is dataclasses.MISSING
-             else f.default_factory)
-            for f in dataclasses.fields(event_class)
-            if f.name not in CHAIN_FIELDS and f.name not in _ENVELOPE
-            and (f.default is not dataclasses.MISSING
-                 or f.default_factory is not dataclasses.MISSING))
-    return found
 
 
 class Run(RunCommands, StepStates, Aggregate):
@@ -158,7 +140,7 @@ class Run(RunCommands, StepStates, Aggregate):
     def trigger_event(self, event_class: Any, **kwargs: Any) -> None:
         """Trigger an event as the next link of the run's chain."""
         # Defaults are spelled out so the payload hash covers exactly what is stored.
-        for name, default, factory in _defaults(event_class):
+        for name, default, factory in payload_defaults(event_class):
             if name not in kwargs:
                 kwargs[name] = default if factory is None else factory()
         timestamp = event_class.create_timestamp()
