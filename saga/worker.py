@@ -60,6 +60,10 @@ HELD_RECHECK = 5.0
 #: Claims a look makes at most: after the first, only if other workers held some of the
 #: runs it wanted (the next runs in the order are tried instead).
 CLAIM_ROUNDS = 4
+#: After a lost claim, how many of the next runs in the order a look asks the holders of
+#: too: a fleet's workers all start from the same oldest runs, and one question skips
+#: those the others drive where a lost claim each would (see ``Worker._look``).
+LOOK_AHEAD = 32
 
 
 @dataclass
@@ -343,6 +347,8 @@ class Worker:
         self._ended: deque[str] = deque()
         #: The runs a look claimed, read together in its thread, taken by their drives.
         self._loaded: dict[str, Run] = {}
+        #: The last look lost every round of claims to other workers: runs remain.
+        self._raced = False
         self._stopping: asyncio.Event | None = None
         self._running: tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None = None
 
@@ -402,10 +408,13 @@ class Worker:
                 claimed = len(started)
                 # A run held back only by its queue's rate is work this worker can do itself
                 # once the period passes; one held back by a full queue waits for the runs
-                # other workers drive, and is not runnable now.
-                if until_idle and not active and not claimed and "rate" not in held.values():
+                # other workers drive, and is not runnable now. A look that lost all its
+                # claims to other workers leaves runs to claim: look again at once (the
+                # runs lost are skipped a while, so each look tries others).
+                if until_idle and not active and not claimed and not self._raced \
+                        and "rate" not in held.values():
                     break
-                await self._pause(active, self.poll_interval)
+                await self._pause(active, 0 if self._raced else self.poll_interval)
             if active:  # an operator waiting on a stop is told what it waits for
                 log.warning("worker %s stopping: %d runs finish the steps in flight "
                             "(a second signal stops at once)", self.worker_id, len(active))
@@ -436,6 +445,7 @@ class Worker:
         active = set(driving)  # and those claimed in this look
         started: list[str] = []
         held: dict[str, Claim] = {}
+        self._raced = False
         if len(active) < self.concurrency:  # full: nothing could be claimed anyway
             self.index.refresh()
         for round_ in range(CLAIM_ROUNDS):
@@ -471,10 +481,18 @@ class Worker:
                 active.add(run_id)
                 started.append(run_id)
             lost = set(wanted).difference(claimed)
-            # Runs other workers drive: skipped for a while (see _held_elsewhere), and the
-            # next runs in the order tried at once (else this look would claim nothing).
-            if not lost or not self._held_elsewhere(sorted(lost)):
+            # Runs other workers drive: skipped for a while (see _held_elsewhere), with
+            # those next in the order that others hold too, and the next runs tried at
+            # once (else this look would claim nothing). Lost runs whose holders let go
+            # before we asked have ended, most likely: the log shows it (else they are
+            # tried again).
+            if not lost:
                 break
+            ahead = [r for r in self.index.runnable() if r not in active and r not in lost]
+            if not lost.intersection(self._held_elsewhere([*lost, *ahead[:LOOK_AHEAD]])):
+                self.index.refresh()
+        else:
+            self._raced = not started
         if started:
             self._load(started)
         return started, held
@@ -494,15 +512,15 @@ class Worker:
             else:
                 self._loaded.pop(run_id, None)
 
-    def _held_elsewhere(self, run_ids: list[str]) -> int:
-        """Note in the index the runs whose leases other workers hold; how many."""
+    def _held_elsewhere(self, run_ids: list[str]) -> set[str]:
+        """Note in the index the runs whose leases other workers hold; which they are."""
         now = self.leases.clock()
-        noted = 0
+        noted: set[str] = set()
         for run_id, (worker, expires) in self.leases.holders(run_ids).items():
             if worker != self.worker_id and expires > now:
                 until = min(expires, now + HELD_RECHECK)
                 self.index.held(run_id, datetime.fromtimestamp(until, UTC).isoformat())
-                noted += 1
+                noted.add(run_id)
         return noted
 
     def _release_ended(self) -> None:

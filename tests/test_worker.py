@@ -211,6 +211,30 @@ def test_workers_of_a_fleet_claim_different_runs_in_one_look(saga: Saga) -> None
     assert again == ids[:2]
 
 
+def test_a_worker_that_lost_every_claim_of_a_look_does_not_stop_while_runs_remain(
+        saga: Saga) -> None:
+    """A worker draining until idle whose look lost each of its claims to other workers
+    looks again at once instead of stopping (it stopped, leaving the backlog to the
+    others), and skips in one question the runs just after the lost ones that others
+    hold. Another worker drives the first four runs here; this one, one at a time, ends
+    having driven the other two."""
+    plan = saga.load({"name": "one", "steps": [{"id": "a", "tool": "noop"}]})
+    ids = [str(saga.submit(plan, {}).id) for _ in range(6)]
+    other = saga.worker_loop(concurrency=4, worker_id="other")
+    assert other._look(set())[0] == ids[:4]
+    me = saga.worker_loop(concurrency=1, poll_interval=0.05, worker_id="me")
+    asked: list[list[str]] = []
+    holders = me.leases.holders
+    me.leases.holders = lambda run_ids: asked.append(list(run_ids)) or holders(run_ids)
+    assert me.run(until_idle=True) == 2
+    assert asked[0][:2] == [ids[0], ids[1]]  # the lost one, and those next in the order
+    assert set(ids[:4]) <= set(asked[0])
+    for run_id in ids[4:]:
+        assert saga.get(run_id).status == "completed"
+    for run_id in ids[:4]:
+        assert saga.get(run_id).status == "running"  # the other worker's, not driven yet
+
+
 def test_a_fleet_drains_a_backlog_together(saga: Saga) -> None:
     """Three workers draining one backlog (until idle) each drive some of it, and every
     step runs once (a worker may still claim a run another has just finished, before
