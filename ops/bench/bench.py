@@ -760,18 +760,29 @@ def _short(file: str, root: str) -> str:
 
 # -- report --------------------------------------------------------------------------------
 
+def saga_root() -> Path:
+    """The checkout (or site-packages) the saga under test was imported from: the harness's
+    own unless another is first on ``PYTHONPATH``."""
+    return Path(saga.__file__).resolve().parents[1]
+
+
+def git_head(where: Path) -> str | None:
+    """The short commit id checked out at ``where``, if it is a git checkout."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=where,
+                              capture_output=True, text=True, timeout=5, check=False)
+        return head.stdout.strip() or None
+    return None
+
+
 def machine_info() -> dict[str, Any]:
-    """What the numbers were measured on."""
-    info: dict[str, Any] = {
+    """What the numbers were measured on, by which harness, of which saga."""
+    return {
         "nproc": os.cpu_count(), "python": platform.python_version(),
         "platform": platform.platform(), "eventsourcing": dist_version("eventsourcing"),
-        "sqlite": sqlite3.sqlite_version,
+        "sqlite": sqlite3.sqlite_version, "git_head": git_head(HERE),
+        "saga_root": str(saga_root()), "saga_git": git_head(saga_root()),
     }
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE,
-                              capture_output=True, text=True, timeout=5, check=False)
-        info["git_head"] = head.stdout.strip() or None
-    return info
 
 
 def engine_table(stores: list[Store], results: dict[str, Any]) -> list[str]:
@@ -838,7 +849,9 @@ def render(stores: list[Store], budget: Budget, results: dict[str, Any],
            f"Machine: {m['machine']['nproc']} CPUs, load average {m['load_before']} before "
            f"and {m['load_after']} after, CPU steal {num(m['steal_percent'])}% during the "
            f"run; Python {m['machine']['python']}, eventsourcing "
-           f"{m['machine']['eventsourcing']}, git {m['machine'].get('git_head')}.", ""]
+           f"{m['machine']['eventsourcing']}; harness at git {m['machine'].get('git_head')}, "
+           f"saga under test from {m['machine'].get('saga_root')} (git "
+           f"{m['machine'].get('saga_git')}).", ""]
     out += [f"- {s.name}: {s.description}" for s in stores]
     if "targets" in results:
         from targets import targets_table

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
 from drain import drain_once  # noqa: E402
@@ -37,8 +36,12 @@ def cli_seconds(url: str, samples: int = 5) -> float:
     process start to exit, the median of ``samples`` runs one after another (single samples
     of one bench ranged 0.32–0.42 s, with what the drains before them left PostgreSQL
     doing); the schema (and the bytecode caches, as after ``pip install``:
-    ``PYTHONDONTWRITEBYTECODE`` is dropped) are made by a first run that is not timed."""
+    ``PYTHONDONTWRITEBYTECODE`` is dropped) are made by a first run that is not timed.
+
+    The command imports the saga this process imported (an A/B run that puts another
+    checkout first on ``PYTHONPATH`` times that checkout's CLI, not the harness's)."""
     import psycopg
+    from bench import saga_root
     schema = f"bench_cli_{uuid.uuid4().hex[:8]}"
     with tempfile.TemporaryDirectory() as tmp:
         flow = Path(tmp) / "flow.yaml"
@@ -46,7 +49,8 @@ def cli_seconds(url: str, samples: int = 5) -> float:
         env = {**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
                "SAGA_DATABASE_URL": url, "SAGA_DATABASE_SCHEMA": schema,
                "SAGA_HOME": str(Path(tmp) / ".saga"),
-               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+               "PYTHONPATH": os.pathsep.join([str(saga_root()),
+                                              os.environ.get("PYTHONPATH", "")])}
         try:
             cmd = [sys.executable, "-m", "saga.cli", "run", str(flow)]
             subprocess.run(cmd, cwd=tmp, env=env, check=True, capture_output=True)
