@@ -258,6 +258,17 @@ class _Progress:
         """Show what the commit that just happened recorded."""
         if not self.enabled:
             return
+        try:
+            self._show(run, events)
+        except BrokenPipeError:
+            # Whoever read the output went away (``saga run flow.yaml | head``): the run
+            # goes on to its end unprinted, not cut short between two steps.
+            self.enabled = False
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+
+    def _show(self, run: Run, events: list[Any]) -> None:
         if self.run_id is None:
             self.run_id = run.run_id
             if self.live:

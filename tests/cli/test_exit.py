@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from saga.api import Saga
 from saga.cli import main
+from saga.config import Settings
 
 FLOW = """name: exit-flow
 steps:
@@ -79,3 +80,24 @@ def test_the_commands_saga_is_closed_when_it_ends(tmp_path: Path,
     assert len(closed) == 1
     result = CliRunner().invoke(main, ["run", str(tmp_path / "missing.yaml")])
     assert result.exit_code == 2
+
+
+def test_a_reader_that_goes_away_does_not_cut_the_run_short(tmp_path: Path) -> None:
+    """``saga run flow.yaml | head -1``: the run still ends (it stopped between two
+    steps, on the first line it could not write), and the command exits as the run did."""
+    (tmp_path / "flow.yaml").write_text(
+        "name: piped\nsteps:\n  - {id: a, tool: noop}\n"
+        "  - {id: b, tool: sleep, args: {seconds: 0.3}, depends_on: [a]}\n"
+        "  - {id: c, tool: noop, depends_on: [b]}\n", encoding="utf-8")
+    code = "import sys\nsys.argv = ['saga', 'run', 'flow.yaml']\nfrom saga.cli import run\nrun()\n"
+    child = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env={"SAGA_HOME": str(tmp_path / ".saga"), "PATH": "/usr/bin:/bin"})
+    assert child.stdout is not None and child.stderr is not None
+    first = child.stdout.readline()
+    child.stdout.close()  # as head does after its line, while step b sleeps
+    assert child.wait(timeout=120) == 0, child.stderr.read()
+    assert b"RunStarted" in first
+    with Saga(Settings(home=tmp_path / ".saga")) as saga:
+        (listed,) = saga.list_runs()
+        assert listed["status"] == "completed"
