@@ -379,6 +379,7 @@ class Worker:
     async def _run(self, until_idle: bool, stop: Callable[[], bool]) -> int:
         active: dict[str, asyncio.Task[None]] = {}
         failures = 0  # rounds in a row that found the store unreachable
+        raced = 0  # looks in a row that lost every claim to other workers
         self._stopping = asyncio.Event()
         me = asyncio.current_task()
         assert me is not None
@@ -410,11 +411,13 @@ class Worker:
                 # once the period passes; one held back by a full queue waits for the runs
                 # other workers drive, and is not runnable now. A look that lost all its
                 # claims to other workers leaves runs to claim: look again at once (the
-                # runs lost are skipped a while, so each look tries others).
-                if until_idle and not active and not claimed and not self._raced \
+                # runs lost are skipped a while, so each look tries others; a second such
+                # look in a row waits as usual).
+                raced = raced + 1 if self._raced else 0
+                if until_idle and not active and not claimed and not raced \
                         and "rate" not in held.values():
                     break
-                await self._pause(active, 0 if self._raced else self.poll_interval)
+                await self._pause(active, 0 if raced == 1 else self.poll_interval)
             if active:  # an operator waiting on a stop is told what it waits for
                 log.warning("worker %s stopping: %d runs finish the steps in flight "
                             "(a second signal stops at once)", self.worker_id, len(active))
@@ -517,7 +520,7 @@ class Worker:
         now = self.leases.clock()
         noted: set[str] = set()
         for run_id, (worker, expires) in self.leases.holders(run_ids).items():
-            if worker != self.worker_id and expires > now:
+            if worker != self.worker_id and expires >= now:  # as a claim sees it
                 until = min(expires, now + HELD_RECHECK)
                 self.index.held(run_id, datetime.fromtimestamp(until, UTC).isoformat())
                 noted.add(run_id)
