@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from itertools import islice
 from typing import Any
 
 from saga.config import QueueLimit
@@ -347,8 +348,6 @@ class Worker:
         self._ended: deque[str] = deque()
         #: The runs a look claimed, read together in its thread, taken by their drives.
         self._loaded: dict[str, Run] = {}
-        #: The last look lost every round of claims to other workers: runs remain.
-        self._raced = False
         self._stopping: asyncio.Event | None = None
         self._running: tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None = None
 
@@ -393,7 +392,8 @@ class Worker:
                     # In a thread: while the store is gone, each of its calls rides out the
                     # outage for up to reconnect_seconds, and the loop must keep driving the
                     # runs it has (their steps, their lease renewals) meanwhile.
-                    started, held = await asyncio.to_thread(self._look, set(active))
+                    started, held, lost_all = await asyncio.to_thread(self._look,
+                                                                      set(active))
                 except StoreUnavailableError as e:
                     # Each store call already rode out what it could; wait, then look again.
                     failures += 1
@@ -413,7 +413,7 @@ class Worker:
                 # claims to other workers leaves runs to claim: look again at once (the
                 # runs lost are skipped a while, so each look tries others; a second such
                 # look in a row waits as usual).
-                raced = raced + 1 if self._raced else 0
+                raced = raced + 1 if lost_all else 0
                 if until_idle and not active and not claimed and not raced \
                         and "rate" not in held.values():
                     break
@@ -431,11 +431,12 @@ class Worker:
             await asyncio.to_thread(self._release_ended)
         return self.driven
 
-    def _look(self, driving: set[str]) -> tuple[list[str], dict[str, Claim]]:
+    def _look(self, driving: set[str]) -> tuple[list[str], dict[str, Claim], bool]:
         """One look for work, beside the runs ``driving``: fire due schedules (once per
         poll interval, not on every completion), follow the log, claim what is runnable
         within its queue's limits (up to ``concurrency`` drives); the runs claimed, to be
-        driven, and the queues found at a limit (full or rate)."""
+        driven, the queues found at a limit (full or rate), and whether every round of
+        claims was lost to other workers (runs remain to claim)."""
         if self.tick is not None and time.monotonic() >= self._next_tick:
             self._next_tick = time.monotonic() + self.poll_interval
             try:
@@ -448,7 +449,7 @@ class Worker:
         active = set(driving)  # and those claimed in this look
         started: list[str] = []
         held: dict[str, Claim] = {}
-        self._raced = False
+        lost_all = False
         if len(active) < self.concurrency:  # full: nothing could be claimed anyway
             self.index.refresh()
         for round_ in range(CLAIM_ROUNDS):
@@ -491,14 +492,15 @@ class Worker:
             # tried again).
             if not lost:
                 break
-            ahead = [r for r in self.index.runnable() if r not in active and r not in lost]
-            if not lost.intersection(self._held_elsewhere([*lost, *ahead[:LOOK_AHEAD]])):
+            ahead = islice((r for r in self.index.runnable()
+                            if r not in active and r not in lost), LOOK_AHEAD)
+            if not lost.intersection(self._held_elsewhere([*lost, *ahead])):
                 self.index.refresh()
         else:
-            self._raced = not started
+            lost_all = not started
         if started:
             self._load(started)
-        return started, held
+        return started, held, lost_all
 
     def _load(self, run_ids: list[str]) -> None:
         """Read the runs just claimed in one round trip, for their drives to take."""

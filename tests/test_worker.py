@@ -189,8 +189,8 @@ def test_workers_of_a_fleet_claim_different_runs_in_one_look(saga: Saga) -> None
     ids = [str(saga.submit(plan, {}).id) for _ in range(6)]
     first = saga.worker_loop(concurrency=2, worker_id="first")
     second = saga.worker_loop(concurrency=2, worker_id="second")
-    mine, _ = first._look(set())
-    theirs, _ = second._look(set())
+    mine, _, _ = first._look(set())
+    theirs, _, _ = second._look(set())
     assert mine == ids[:2]
     assert theirs == ids[2:4]  # the held two skipped, in the same look
     assert second.index.runnable() == ids[2:]  # its own two (driven), and the rest
@@ -200,14 +200,14 @@ def test_workers_of_a_fleet_claim_different_runs_in_one_look(saga: Saga) -> None
     second.index.clock = lambda: datetime.now(UTC) + timedelta(seconds=offset[0])
     second.leases.clock = lambda: time.time() + offset[0]
     assert second.index.runnable() == ids
-    again, _ = second._look(set())  # as if its own two had ended
+    again, _, _ = second._look(set())  # as if its own two had ended
     assert again == ids[2:4]
     # The first worker's leases are up (it died): the second claims its runs.
     offset[0] += HELD_RECHECK + 1
     for run_id in mine:
         saga.leases.db.execute("UPDATE saga_leases SET expires_at = ? WHERE run_id = ?",
                                (time.time() + offset[0] - 1, run_id))
-    again, _ = second._look(set())
+    again, _, _ = second._look(set())
     assert again == ids[:2]
 
 
