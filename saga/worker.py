@@ -299,8 +299,7 @@ def _stamp(started: dict[str, Any]) -> str | None:
 
 def _deadline(started: dict[str, Any]) -> str | None:
     """A run's deadline from its ``RunStarted`` payload (its ``timeout`` option)."""
-    seconds = (started.get("options") or {}).get("timeout")
-    when = _stamp(started)
+    seconds, when = (started.get("options") or {}).get("timeout"), _stamp(started)
     if not seconds or when is None:
         return None
     return (datetime.fromisoformat(when) + timedelta(seconds=float(seconds))).isoformat()
@@ -389,11 +388,11 @@ class Worker:
                     if task.done():
                         active.pop(run_id)
                 try:
-                    # In a thread: while the store is gone, each of its calls rides out the
-                    # outage for up to reconnect_seconds, and the loop must keep driving the
-                    # runs it has (their steps, their lease renewals) meanwhile.
-                    started, held, lost_all = await asyncio.to_thread(self._look,
-                                                                      set(active))
+                    # In a thread while runs are driven: each call rides out an outage of the
+                    # store for up to reconnect_seconds, while the loop drives those runs
+                    # (their steps, lease renewals). With none, a hand-off costs a claim's CPU.
+                    started, held, lost_all = await asyncio.to_thread(
+                        self._look, set(active)) if active else self._look(set())
                 except StoreUnavailableError as e:
                     # Each store call already rode out what it could; wait, then look again.
                     failures += 1
@@ -580,9 +579,11 @@ class Worker:
                 executor = self.make_executor(self.worker_id, self.threads)
                 executor.group = self.group
                 executor.stopping = self._stopping
+                self.group.drives += 1
                 try:
                     await executor.drive_async(run, lease)
                 finally:
+                    self.group.drives -= 1
                     executor.close()
         except (ConcurrentWriteError, LeaseLostError) as e:
             log.info("backing off run %s: %s", run_id, e)

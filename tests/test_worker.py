@@ -310,3 +310,41 @@ def test_a_look_reads_the_runs_it_claimed_in_one_read(saga: Saga,
         app.get_runs, app.get_run = together, alone  # type: ignore[method-assign]
     for run_id in first + second:
         assert saga.get(run_id).status == "completed"
+
+
+def test_a_worker_looks_and_commits_on_its_loop_when_nothing_else_could_move(
+        saga: Saga, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no run in flight a look runs on the worker's event loop, and so does a commit
+    that every drive in flight waits for (a hand-off to a thread and back cost about as
+    much CPU as a claim); a look beside a drive in flight goes to a thread."""
+    plan = saga.load({"name": "two", "steps": [{"id": "a", "tool": "noop"},
+                                               {"id": "b", "tool": "block",
+                                                "args": {"seconds": 0.3},
+                                                "depends_on": ["a"]}]})
+    ids = [str(saga.submit(plan, {}).id) for _ in range(2)]
+    w = saga.worker_loop(concurrency=2, poll_interval=0.05)
+    looks: list[tuple[bool, int]] = []
+    commits: list[tuple[int, int]] = []
+    look, save_runs = w._look, saga.app.save_runs
+
+    def looking(driving: set[str]) -> Any:
+        looks.append((bool(driving), threading.get_ident()))
+        return look(driving)
+
+    def saving(batch: list[Any]) -> Any:
+        commits.append((len(batch), threading.get_ident()))
+        return save_runs(batch)
+
+    monkeypatch.setattr(w, "_look", looking)
+    monkeypatch.setattr(saga.app, "save_runs", saving)
+    assert w.run(until_idle=True) == 2
+    loop_thread = threading.get_ident()  # asyncio.run runs the loop in this thread
+    assert looks[0] == (False, loop_thread)
+    beside = [thread for driving, thread in looks if driving]
+    assert beside and loop_thread not in beside  # the block step holds a drive 0.3 s
+    # The two drives start in step: the commits both wait for are made on the loop (the
+    # last ones, which may come apart, are covered in tests/store/test_group_commit.py).
+    together = [thread for batch, thread in commits if batch == 2]
+    assert together and set(together) == {loop_thread}
+    for run_id in ids:
+        assert saga.get(run_id).status == "completed"

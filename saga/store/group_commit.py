@@ -7,6 +7,13 @@ events are still fenced by its version, and a drive continues only once its own 
 are committed (a step's ``StepStarted`` is durable before its tool runs). A conflict on
 one run fails the batch's transaction; :meth:`SagaApplication.save_runs` then saves the
 runs one by one, so only the stale run gets its error.
+
+A batch that holds every drive in flight (a worker driving one run at a time, or the
+last run of a backlog) is committed on the event loop itself: no drive could move while
+it commits, and handing the commit to a thread and back cost about as much CPU as the
+commit's own client side (0.15 ms a commit here). Its drives wait for it as they would
+for the thread, through an outage too, where a halt then waits for the commit as it does
+for the release of the leases.
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ class GroupCommit:
         self._waiting: list[tuple[Run, asyncio.Future[None]]] = []
         self._flushing: asyncio.Task[None] | None = None
         self.commits = 0  # transactions made (for benchmarks)
+        #: The drives appending through this group now (counted by the worker).
+        self.drives = 0
 
     async def save(self, run: Run) -> None:
         """Append the run's pending events (with whoever else appends now); raises what
@@ -45,7 +54,9 @@ class GroupCommit:
                                     self._waiting[self.max_batch:])
             runs = [run for run, _ in batch]
             try:
-                errors: list[Any] = await loop.run_in_executor(None, self.app.save_runs, runs)
+                errors: list[Any] = (
+                    self.app.save_runs(runs) if len(batch) >= self.drives
+                    else await loop.run_in_executor(None, self.app.save_runs, runs))
             except Exception as e:
                 errors = [e for _ in batch]
             self.commits += 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 from eventsourcing.application import ProcessingEvent
@@ -86,3 +87,35 @@ def test_saving_a_run_collects_it_without_the_protocol_checks(
     saga.app.save(event)
     assert collected == [event]
     assert saga.app.get_run(run.run_id).paused
+
+
+def test_a_batch_of_every_drive_in_flight_commits_on_the_loop(
+        saga: Saga, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit every drive in flight waits for is made on the event loop (nothing could
+    move while it commits, and the hand-off to a thread and back cost as much CPU as the
+    commit); while another drive could move, the commit goes to a thread."""
+    plan = saga.load(FLOW)
+    runs = [saga.app.get_run(saga.submit(plan, {}).run_id) for _ in range(3)]
+    for run in runs:
+        run.pause("tester", "grouped")
+    made: list[tuple[int, int]] = []
+    original = saga.app.save_runs
+
+    def recording(batch: list[object]) -> object:
+        made.append((len(batch), threading.get_ident()))
+        return original(batch)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(saga.app, "save_runs", recording)
+
+    async def save_all() -> int:
+        group = GroupCommit(saga.app)
+        group.drives = 2
+        await group.save(runs[0])  # the other drive moves on meanwhile: a thread
+        await asyncio.gather(group.save(runs[1]), group.save(runs[2]))  # both wait: the loop
+        return threading.get_ident()
+
+    loop_thread = asyncio.run(save_all())
+    assert [n for n, _ in made] == [1, 2]
+    assert made[0][1] != loop_thread
+    assert made[1][1] == loop_thread
+    assert all(saga.app.get_run(r.run_id).paused for r in runs)
