@@ -130,7 +130,9 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
                           release: bool = False) -> bytes:
         """The insert of ``count`` events, rendered once per count: a few events (a step's
         save) are one row of parameters each, which psycopg adapts in a fraction of the
-        time four arrays take; a larger batch (a group commit) passes arrays. ``claim``:
+        time four arrays take; a larger batch (a group commit) passes arrays. The events
+        go in binary: psycopg adapts a batch's arrays in an eighth of the time text takes
+        (128 events: 0.11 ms against 0.80 here), and a state is not escaped. ``claim``:
         the statement first claims a run's lease (as
         :meth:`saga.store.leases.Leases.claim` does), storing the events only if it was
         made; ``release``: it gives a run's lease up (as
@@ -140,12 +142,12 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
             return statement
         events: SQL | Composed
         if count <= VALUES_UP_TO:
-            row = "(%s::{t}, %s::bigint, %s::text, %s::bytea, {o})"
+            row = "(%b::{t}, %b::bigint, %b::text, %b::bytea, {o})"
             events = SQL("(VALUES " + ", ".join(row.format(t=self._id_type, o=n)
                                                for n in range(1, count + 1))
                          + ") AS e(i, v, t, s, o)")
         else:
-            events = SQL("unnest(%s::{t}[], %s::bigint[], %s::text[], %s::bytea[]) "
+            events = SQL("unnest(%b::{t}[], %b::bigint[], %b::text[], %b::bytea[]) "
                          "WITH ORDINALITY AS e(i, v, t, s, o)").format(t=SQL(self._id_type))
         new_id = SQL("(pg_current_xact_id()::text::bigint << {bits}) + e.o").format(
             bits=SQL(str(ORDINAL_BITS)))
