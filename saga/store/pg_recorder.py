@@ -109,6 +109,7 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
         self._id_type = "uuid" if self.datastore.originator_id_type == "uuid" else "text"
         self._statements: dict[tuple[int, bool, bool], bytes] = {}
         self._run_statements: dict[str | None, bytes] = {}
+        self._page_statements: dict[tuple[bool, bool, bool, bool], bytes] = {}
         qualified = ".".join('"' + name.replace('"', '""') + '"'
                              for name in (self.datastore.schema, self.events_table_name))
         # The lowest transaction id that may still add a row (see the module docs):
@@ -312,37 +313,46 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
 
     def horizon(self) -> int:
         """The first notification id a reader may not pass yet (see the module docs)."""
-        with self.datastore.get_connection() as conn, conn.cursor() as curs:
-            curs.execute(self._horizon, prepare=True)
+        with self.datastore.get_connection() as conn:
+            return self._horizon_on(conn)
+
+    def _horizon_on(self, conn: Any) -> int:
+        """:meth:`horizon` on a connection in autocommit (its own statement, so its own
+        snapshot: a read after it on the same connection takes a newer one)."""
+        assert conn.autocommit
+        with conn.cursor(row_factory=tuple_row) as curs:
+            curs.execute(self._horizon, prepare=True, binary=True)
             row = curs.fetchone()
             assert row is not None
-            return int(row["h"]) << ORDINAL_BITS
+            return int(row[0]) << ORDINAL_BITS
 
     @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
     def select_notifications(self, start: int | None, limit: int, stop: int | None = None,
                              topics: Sequence[str] = (), *,
                              inclusive_of_start: bool = True) -> Sequence[Notification]:
         """Notifications from ``start`` (to ``stop``), below the horizon, in id order."""
-        below = self.horizon()  # its own statement, before the read's snapshot
-        where: list[Composed | SQL] = [SQL("notification_id < %s")]
-        params: list[Any] = [below]
-        if start is not None:
-            where.append(SQL("notification_id >= %s" if inclusive_of_start
-                             else "notification_id > %s"))
-            params.append(start)
-        if stop is not None:
-            where.append(SQL("notification_id <= %s"))
-            params.append(stop)
-        if topics:
-            where.append(SQL("topic = ANY(%s)"))
-            params.append(list(topics))
-        params.append(limit)
-        statement = SQL("SELECT notification_id, originator_id, originator_version, topic, "
-                        "state FROM {table} WHERE {where} "
-                        "ORDER BY notification_id LIMIT %s").format(
-            table=self._table, where=SQL(" AND ").join(where))
+        shape = (start is not None, inclusive_of_start, stop is not None, bool(topics))
+        statement = self._page_statements.get(shape)
+        if statement is None:
+            where: list[Composed | SQL] = [SQL("notification_id < %s")]
+            if start is not None:
+                where.append(SQL("notification_id >= %s" if inclusive_of_start
+                                 else "notification_id > %s"))
+            if stop is not None:
+                where.append(SQL("notification_id <= %s"))
+            if topics:
+                where.append(SQL("topic = ANY(%s)"))
+            statement = self._page_statements[shape] = SQL(
+                "SELECT notification_id, originator_id, originator_version, topic, state "
+                "FROM {table} WHERE {where} ORDER BY notification_id LIMIT %s").format(
+                table=self._table, where=SQL(" AND ").join(where)).as_bytes(None)
+        params = [p for p, wanted in ((start, start is not None), (stop, stop is not None),
+                                      (list(topics), bool(topics))) if wanted]
         with self.datastore.get_connection() as conn, \
                 conn.cursor(row_factory=tuple_row) as curs:
+            # The horizon first, in its own statement, before the read's snapshot; one
+            # connection for both (a refresh of a worker's index is these two statements).
+            params = [self._horizon_on(conn), *params, limit]
             curs.execute(statement, params, prepare=True, binary=True)  # as in select_runs
             page = [Notification(id=n, originator_id=i, originator_version=v, topic=t,
                                  state=bytes(s)) for n, i, v, t, s in curs.fetchall()]
