@@ -579,11 +579,9 @@ class Worker:
                 executor = self.make_executor(self.worker_id, self.threads)
                 executor.group = self.group
                 executor.stopping = self._stopping
-                self.group.drives += 1
                 try:
                     await executor.drive_async(run, lease)
                 finally:
-                    self.group.drives -= 1
                     executor.close()
         except (ConcurrentWriteError, LeaseLostError) as e:
             log.info("backing off run %s: %s", run_id, e)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -315,8 +316,9 @@ def test_a_look_reads_the_runs_it_claimed_in_one_read(saga: Saga,
 def test_a_worker_looks_and_commits_on_its_loop_when_nothing_else_could_move(
         saga: Saga, monkeypatch: pytest.MonkeyPatch) -> None:
     """With no run in flight a look runs on the worker's event loop, and so does a commit
-    that every drive in flight waits for (a hand-off to a thread and back cost about as
-    much CPU as a claim); a look beside a drive in flight goes to a thread."""
+    that every drive in flight waits for with nothing else under way (a hand-off to a
+    thread and back cost about as much CPU as a claim); a look beside a drive in flight
+    goes to a thread."""
     plan = saga.load({"name": "two", "steps": [{"id": "a", "tool": "noop"},
                                                {"id": "b", "tool": "block",
                                                 "args": {"seconds": 0.3},
@@ -347,4 +349,40 @@ def test_a_worker_looks_and_commits_on_its_loop_when_nothing_else_could_move(
     together = [thread for batch, thread in commits if batch == 2]
     assert together and set(together) == {loop_thread}
     for run_id in ids:
+        assert saga.get(run_id).status == "completed"
+
+
+def test_a_commit_goes_to_a_thread_while_a_step_or_a_child_run_is_under_way(
+        saga: Saga, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A commit on the event loop stops everything on it while it lasts (through an
+    outage, the whole reconnect wait): a drive whose other step is still running (an
+    async tool on the loop) commits in a thread, and so does a child run, whose parent's
+    drive is under way beside it."""
+    child = tmp_path / "child.yaml"
+    child.write_text("name: child\nsteps:\n  - {id: c, tool: noop}\n", encoding="utf-8")
+    parent = saga.submit(saga.load({"name": "parent", "steps": [
+        {"id": "c1", "use": str(child), "parallel_group": "g"},
+        {"id": "c2", "use": str(child), "parallel_group": "g"}]}), {})
+    both = saga.submit(saga.load({"name": "both", "steps": [
+        {"id": "a", "tool": "noop", "parallel_group": "g"},
+        {"id": "s", "tool": "sleep", "args": {"seconds": 0.3}, "parallel_group": "g"}]}), {})
+    w = saga.worker_loop(concurrency=1, poll_interval=0.05)
+    commits: list[tuple[list[tuple[str, str]], bool]] = []
+    save_runs, loop_thread = saga.app.save_runs, threading.get_ident()
+
+    def saving(batch: list[Any]) -> Any:
+        recorded = [(run.name, type(e).__name__ + ":" + str(getattr(e, "step_id", "")))
+                    for run in batch for e in run.pending_events]
+        commits.append((recorded, threading.get_ident() == loop_thread))
+        return save_runs(batch)
+
+    monkeypatch.setattr(saga.app, "save_runs", saving)
+    assert w.run(until_idle=True) == 2
+    on_loop = {event for recorded, loop in commits if loop for event in recorded}
+    assert ("both", "StepCompleted:a") not in on_loop  # the sleep step was under way
+    assert not {name for name, _ in on_loop} & {"child"}
+    assert ("both", "StepCompleted:a") in {e for recorded, _ in commits for e in recorded}
+    assert any(name == "child" for recorded, _ in commits for name, _ in recorded)
+    assert on_loop  # the commits with nothing else under way still are made on the loop
+    for run_id in (parent.run_id, both.run_id):
         assert saga.get(run_id).status == "completed"

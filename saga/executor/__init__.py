@@ -174,4 +174,11 @@ class Executor:
 
     async def drive_async(self, run: Run, lease: LeaseLike | None = None) -> Run:
         """Async form of :meth:`drive`."""
-        return await Drive(self, run, plan_of(run), lease).go()
+        group = self.group  # counts its drives (a child run's too): see GroupCommit
+        if group is None:
+            return await Drive(self, run, plan_of(run), lease).go()
+        group.drives += 1
+        try:
+            return await Drive(self, run, plan_of(run), lease).go()
+        finally:
+            group.drives -= 1

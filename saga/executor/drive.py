@@ -374,7 +374,7 @@ class Drive:
         if not pending:
             return
         if self.x.group is not None:  # a worker's group commit (one commit per turn)
-            await self.x.group.save(self.run)
+            await self.x.group.save(self.run, idle=not self.tasks)
         elif self.lease is None:
             self.x.app.save_run(self.run)
         else:  # a new run's first append may claim its lease, and its last give it up

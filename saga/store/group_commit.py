@@ -8,12 +8,14 @@ are committed (a step's ``StepStarted`` is durable before its tool runs). A conf
 one run fails the batch's transaction; :meth:`SagaApplication.save_runs` then saves the
 runs one by one, so only the stale run gets its error.
 
-A batch that holds every drive in flight (a worker driving one run at a time, or the
-last run of a backlog) is committed on the event loop itself: no drive could move while
-it commits, and handing the commit to a thread and back cost about as much CPU as the
-commit's own client side (0.15 ms a commit here). Its drives wait for it as they would
-for the thread, through an outage too, where a halt then waits for the commit as it does
-for the release of the leases.
+A batch that holds every drive in flight, none of which has anything else under way (a
+worker driving a chain one run at a time, or the last run of a backlog), is committed on
+the event loop itself: nothing on the loop could move while it commits, and handing the
+commit to a thread and back cost about as much CPU as the commit's own client side (0.15
+ms a commit here). Its drives wait for it as they would for the thread, through an
+outage too, where a halt then waits for the commit as it does for the release of the
+leases. A drive with a step still running (an async tool, a timer, a child run's drive)
+or another drive not in the batch sends the commit to a thread, as before.
 """
 
 from __future__ import annotations
@@ -31,17 +33,19 @@ class GroupCommit:
     def __init__(self, app: SagaApplication, max_batch: int = 256) -> None:
         self.app = app
         self.max_batch = max_batch
-        self._waiting: list[tuple[Run, asyncio.Future[None]]] = []
+        self._waiting: list[tuple[Run, asyncio.Future[None], bool]] = []
         self._flushing: asyncio.Task[None] | None = None
         self.commits = 0  # transactions made (for benchmarks)
-        #: The drives appending through this group now (counted by the worker).
+        #: The drives appending through this group now, child runs' included (counted by
+        #: :meth:`saga.executor.Executor.drive_async`).
         self.drives = 0
 
-    async def save(self, run: Run) -> None:
+    async def save(self, run: Run, idle: bool = False) -> None:
         """Append the run's pending events (with whoever else appends now); raises what
-        :meth:`SagaApplication.save_run` would."""
+        :meth:`SagaApplication.save_run` would. ``idle``: its drive has nothing else
+        under way while it waits (see the module docs)."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.append((run, future))
+        self._waiting.append((run, future, idle))
         if self._flushing is None or self._flushing.done():
             self._flushing = asyncio.ensure_future(self._flush())
         await future
@@ -52,15 +56,16 @@ class GroupCommit:
         while self._waiting:
             batch, self._waiting = (self._waiting[:self.max_batch],
                                     self._waiting[self.max_batch:])
-            runs = [run for run, _ in batch]
+            runs = [run for run, _, _ in batch]
+            still = 0 < self.drives <= len(batch) and all(idle for _, _, idle in batch)
             try:
                 errors: list[Any] = (
-                    self.app.save_runs(runs) if len(batch) >= self.drives
+                    self.app.save_runs(runs) if still
                     else await loop.run_in_executor(None, self.app.save_runs, runs))
             except Exception as e:
                 errors = [e for _ in batch]
             self.commits += 1
-            for (_, future), error in zip(batch, errors, strict=True):
+            for (_, future, _), error in zip(batch, errors, strict=True):
                 if future.done():
                     continue
                 if error is None:

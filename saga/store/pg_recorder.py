@@ -319,7 +319,8 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
     def _horizon_on(self, conn: Any) -> int:
         """:meth:`horizon` on a connection in autocommit (its own statement, so its own
         snapshot: a read after it on the same connection takes a newer one)."""
-        assert conn.autocommit
+        if not conn.autocommit:  # else the read after it would share its snapshot
+            raise ProgrammingError("the horizon needs a connection in autocommit")
         with conn.cursor(row_factory=tuple_row) as curs:
             curs.execute(self._horizon, prepare=True, binary=True)
             row = curs.fetchone()

@@ -91,11 +91,13 @@ def test_saving_a_run_collects_it_without_the_protocol_checks(
 
 def test_a_batch_of_every_drive_in_flight_commits_on_the_loop(
         saga: Saga, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A commit every drive in flight waits for is made on the event loop (nothing could
-    move while it commits, and the hand-off to a thread and back cost as much CPU as the
-    commit); while another drive could move, the commit goes to a thread."""
+    """A commit that every drive in flight waits for, none of them with anything else
+    under way, is made on the event loop (nothing on it could move meanwhile, and the
+    hand-off to a thread and back cost as much CPU as the commit); otherwise it goes to a
+    thread: another drive could move, a drive of the batch has a step under way, or the
+    group counts no drives (used outside a worker)."""
     plan = saga.load(FLOW)
-    runs = [saga.app.get_run(saga.submit(plan, {}).run_id) for _ in range(3)]
+    runs = [saga.app.get_run(saga.submit(plan, {}).run_id) for _ in range(6)]
     for run in runs:
         run.pause("tester", "grouped")
     made: list[tuple[int, int]] = []
@@ -109,13 +111,16 @@ def test_a_batch_of_every_drive_in_flight_commits_on_the_loop(
 
     async def save_all() -> int:
         group = GroupCommit(saga.app)
+        await group.save(runs[0], idle=True)  # no drives counted: a thread
         group.drives = 2
-        await group.save(runs[0])  # the other drive moves on meanwhile: a thread
-        await asyncio.gather(group.save(runs[1]), group.save(runs[2]))  # both wait: the loop
+        await group.save(runs[1], idle=True)  # the other drive moves on meanwhile
+        await asyncio.gather(group.save(runs[2], idle=True),
+                             group.save(runs[3], idle=False))  # a step under way
+        await asyncio.gather(group.save(runs[4], idle=True),
+                             group.save(runs[5], idle=True))  # both wait: the loop
         return threading.get_ident()
 
     loop_thread = asyncio.run(save_all())
-    assert [n for n, _ in made] == [1, 2]
-    assert made[0][1] != loop_thread
-    assert made[1][1] == loop_thread
+    assert [n for n, _ in made] == [1, 1, 2, 2]
+    assert [thread == loop_thread for _, thread in made] == [False, False, False, True]
     assert all(saga.app.get_run(r.run_id).paused for r in runs)

@@ -15,7 +15,7 @@ from uuid import uuid4
 
 import psycopg
 import pytest
-from eventsourcing.persistence import IntegrityError, StoredEvent
+from eventsourcing.persistence import IntegrityError, ProgrammingError, StoredEvent
 from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 
 from saga.api import Saga
@@ -186,6 +186,22 @@ def test_reader_waits_for_an_open_lower_transaction(schema: str) -> None:
         seen = recorder.select_notifications(start=None, limit=10)
         assert [n.topic for n in seen] == ["slow", "fast"]
         assert seen[1].id == later[0]
+    finally:
+        conn.close()
+        recorder.datastore.close()
+
+
+def test_the_horizon_refuses_a_connection_in_a_transaction(schema: str) -> None:
+    """A page is read on the connection its horizon was computed on, in a second
+    statement: in a transaction both would share one snapshot, and the read could pass
+    over a row whose lower transaction commits after it (see the module docs)."""
+    recorder = _recorder(schema)
+    conn = psycopg.connect(PG_URL, autocommit=False)
+    try:
+        with pytest.raises(ProgrammingError, match="autocommit"):
+            recorder._horizon_on(conn)
+        conn.autocommit = True
+        assert recorder._horizon_on(conn) > 0
     finally:
         conn.close()
         recorder.datastore.close()
