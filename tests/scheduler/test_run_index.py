@@ -201,3 +201,27 @@ def test_a_held_run_whose_own_time_has_passed_stays_held_till_its_mark() -> None
     assert index.runnable() == ["r1"]
     now[0] = 11
     assert index.runnable() == ["r0", "r1"]
+
+
+def test_another_workers_steps_leave_a_run_where_it_is() -> None:
+    """In a fleet each worker follows every other's steps: a step starting or completing
+    in a run that waits for nothing, its status unchanged, leaves the run where it is (a
+    held run gained a wake-up in the heap per event, and looked at the clock), and the
+    answer is still the scanned one."""
+    now = [0]
+    index = Index(app=None, clock=lambda: BASE + timedelta(seconds=now[0]))  # type: ignore[arg-type]
+    index.started_payloads = {}
+    for run_id in ("mine", "theirs"):
+        name, payload = event("RunStarted", 0, None, 0, 0, 60)
+        index._apply(run_id, TOPIC_PREFIX + name, json.dumps(payload).encode())
+    index.held("theirs", at(5))
+    heap, order = len(index._due), index.runnable()
+    for step in range(10):
+        for kind in ("StepStarted", "StepCompleted"):
+            name, payload = event(kind, step, None, 0, 0, None)
+            for run_id in ("mine", "theirs"):
+                index._apply(run_id, TOPIC_PREFIX + name, json.dumps(payload).encode())
+    assert len(index._due) == heap
+    assert index.runnable() == order == ["mine"] == scanned(index)
+    now[0] = 6  # the holder's lease is up: the run is tried again
+    assert index.runnable() == scanned(index) == ["mine", "theirs"]
