@@ -13,6 +13,7 @@ needs it again. :mod:`~saga.executor.drive` is one drive of one run;
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -174,11 +175,6 @@ class Executor:
 
     async def drive_async(self, run: Run, lease: LeaseLike | None = None) -> Run:
         """Async form of :meth:`drive`."""
-        group = self.group  # counts its drives (a child run's too): see GroupCommit
-        if group is None:
+        # A worker's group commit counts its drives, a child run's too (see GroupCommit).
+        with self.group.driving() if self.group is not None else contextlib.nullcontext():
             return await Drive(self, run, plan_of(run), lease).go()
-        group.drives += 1
-        try:
-            return await Drive(self, run, plan_of(run), lease).go()
-        finally:
-            group.drives -= 1

@@ -21,6 +21,8 @@ or another drive not in the batch sends the commit to a thread, as before.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from saga.domain import Run
@@ -36,9 +38,18 @@ class GroupCommit:
         self._waiting: list[tuple[Run, asyncio.Future[None], bool]] = []
         self._flushing: asyncio.Task[None] | None = None
         self.commits = 0  # transactions made (for benchmarks)
-        #: The drives appending through this group now, child runs' included (counted by
-        #: :meth:`saga.executor.Executor.drive_async`).
+        #: The drives appending through this group now, child runs' included (see
+        #: :meth:`driving`).
         self.drives = 0
+
+    @contextmanager
+    def driving(self) -> Iterator[None]:
+        """Count a drive appending through this group while it lasts."""
+        self.drives += 1
+        try:
+            yield
+        finally:
+            self.drives -= 1
 
     async def save(self, run: Run, idle: bool = False) -> None:
         """Append the run's pending events (with whoever else appends now); raises what

@@ -347,8 +347,13 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
                 "SELECT notification_id, originator_id, originator_version, topic, state "
                 "FROM {table} WHERE {where} ORDER BY notification_id LIMIT %s").format(
                 table=self._table, where=SQL(" AND ").join(where)).as_bytes(None)
-        params = [p for p, wanted in ((start, start is not None), (stop, stop is not None),
-                                      (list(topics), bool(topics))) if wanted]
+        params: list[Any] = []
+        if start is not None:
+            params.append(start)
+        if stop is not None:
+            params.append(stop)
+        if topics:
+            params.append(list(topics))
         with self.datastore.get_connection() as conn, \
                 conn.cursor(row_factory=tuple_row) as curs:
             # The horizon first, in its own statement, before the read's snapshot; one

@@ -150,8 +150,7 @@ class RunIndex:
             run.approvals -= 1
             run.waits.pop("approval:" + str(_payload(state).get("step_id")), None)
         elif kind in ("StepWaiting", "StepFailed") or (
-                kind in ("StepStarted", "StepCompleted", "StepSkipped")
-                and (run.waits or run.retries)):  # else nothing to clear: not parsed
+                kind in _MOVES and (run.waits or run.retries)):  # else nothing to clear: not parsed
             payload = _payload(state)
             key = step_key(str(payload.get("step_id")), int(payload.get("iteration") or 0))
             run.waits.pop(key, None)
@@ -259,6 +258,7 @@ _REOPENING = frozenset({"RunRetried", "CompensationStarted"})
 _QUIET = frozenset({"StepStarted", "StepWaiting", "StepFailed", "StepCompleted",
                     "StepSkipped", "HealStarted", "RemedyApplied", "StepCompensated",
                     "CompensationFailed", "ApprovalRequested"})
+#: A step's moves: they change a run's place only when it waits or retries something.
 _MOVES = frozenset({"StepStarted", "StepCompleted", "StepSkipped"})
 #: Events after which claiming a run no longer starts it (a queue's rate counts starts).
 _BEGUN = _QUIET | {"RunTakenOver", "CompensationStarted", "RunRetried", "RunTimedOut"}
