@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+import saga.worker as saga_worker
 from saga import Saga
 from saga.errors import StoreUnavailableError
 from saga.worker import HELD_RECHECK, WORKER_HOLD, Worker
@@ -212,28 +213,55 @@ def test_workers_of_a_fleet_claim_different_runs_in_one_look(saga: Saga) -> None
     assert again == ids[:2]
 
 
-def test_a_worker_that_lost_every_claim_of_a_look_does_not_stop_while_runs_remain(
+def test_a_claim_offers_the_next_runs_for_those_others_hold_and_learns_who_holds_them(
         saga: Saga) -> None:
-    """A worker draining until idle whose look lost each of its claims to other workers
-    looks again at once instead of stopping (it stopped, leaving the backlog to the
-    others), and skips in one question the runs just after the lost ones that others
-    hold. Another worker drives the first four runs here; this one, one at a time, ends
-    having driven the other two."""
+    """A worker that wants one run offers the next runs in the order with it, in one
+    statement: it takes the first no other worker holds, and learns which the others
+    hold (skipped till their leases are up) without a lost claim each. Another worker
+    drives the first four runs here; this one, one at a time, ends having driven the
+    other two."""
     plan = saga.load({"name": "one", "steps": [{"id": "a", "tool": "noop"}]})
     ids = [str(saga.submit(plan, {}).id) for _ in range(6)]
     other = saga.worker_loop(concurrency=4, worker_id="other")
     assert other._look(set())[0] == ids[:4]
     me = saga.worker_loop(concurrency=1, poll_interval=0.05, worker_id="me")
-    asked: list[list[str]] = []
-    holders = me.leases.holders
-    me.leases.holders = lambda run_ids: asked.append(list(run_ids)) or holders(run_ids)
+    claims: list[tuple[list[str], int, list[str], set[str]]] = []
+    claim_first = me.leases.claim_first
+
+    def spied(run_ids: list[str], count: int, *args: Any) -> Any:
+        claimed, held = claim_first(run_ids, count, *args)
+        claims.append((list(run_ids), count, claimed, set(held)))
+        return claimed, held
+
+    me.leases.claim_first = spied  # type: ignore[method-assign]
     assert me.run(until_idle=True) == 2
-    assert asked[0][:2] == [ids[0], ids[1]]  # the lost one, and those next in the order
-    assert set(ids[:4]) <= set(asked[0])
+    assert claims[0] == (ids, 1, [ids[4]], set(ids[:4]))
+    assert all(set(c[0]).isdisjoint(ids[:4]) for c in claims[1:])  # held: not offered
     for run_id in ids[4:]:
         assert saga.get(run_id).status == "completed"
     for run_id in ids[:4]:
         assert saga.get(run_id).status == "running"  # the other worker's, not driven yet
+        assert saga.leases.holder(run_id)[0] == "other"  # type: ignore[index]
+
+
+def test_a_worker_that_lost_every_claim_of_a_look_does_not_stop_while_runs_remain(
+        saga: Saga, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker draining until idle whose look lost each of its claims to other workers
+    (no runs offered in their stead here) looks again at once instead of stopping (it
+    stopped, leaving the backlog to the others)."""
+    monkeypatch.setattr(saga_worker, "LOOK_AHEAD", 0)
+    plan = saga.load({"name": "one", "steps": [{"id": "a", "tool": "noop"}]})
+    ids = [str(saga.submit(plan, {}).id) for _ in range(6)]
+    other = saga.worker_loop(concurrency=4, worker_id="other")
+    assert other._look(set())[0] == ids[:4]
+    me = saga.worker_loop(concurrency=1, poll_interval=0.05, worker_id="me")
+    looks: list[Any] = []
+    look = me._look
+    me._look = lambda driving: looks.append(look(driving)) or looks[-1]  # type: ignore[method-assign]
+    assert me.run(until_idle=True) == 2
+    assert looks[0] == ([], {}, True)  # 4 rounds, each lost: runs remain
+    for run_id in ids[4:]:
+        assert saga.get(run_id).status == "completed"
 
 
 def test_a_fleet_drains_a_backlog_together(saga: Saga) -> None:

@@ -14,8 +14,13 @@ Each repeat and worker count gets a fresh schema ``drain_<random>`` (dropped aft
 runs are submitted first (not timed), then the worker processes are spawned, connect, wait
 at a barrier, and drain with ``Worker.run(until_idle=True)``; the wall time is from the
 barrier to the last worker's report that its ``Worker.run`` returned (the child
-processes' exit is timed apart, ``exit_s``). Reported: runs/s and events/s (median [min..max])
-and the ratio to the first worker count, per repeat, interleaved; each repeat's line
+processes' exit is timed apart, ``exit_s``: a worker that reported waits, its connections
+open, until the parent has read the server's CPU). Reported: runs/s and events/s
+(median [min..max]), the CPU per run of the worker processes and of a local server's
+processes (from /proc; 0 for a remote server), how busy the whole machine was (every CPU,
+from /proc/stat), and the ratio to the first worker count, per repeat, interleaved: a
+ratio short of the worker count with the machine near 100% busy is a CPU ceiling, not a
+lock. Each repeat's line
 shows the drives each worker ended (a worker that claimed nothing shows 0). Every run is checked
 ``completed`` at the end and every run's events counted once. ``--commit wait,no-wait``
 interleaves the two commit modes (``SAGA_PG_COMMIT``) too, ratios against the first.
@@ -55,7 +60,7 @@ def _settings(urls: tuple[str, ...], schema: str, recorder: str,
 
 
 def _worker(urls: tuple[str, ...], schema: str, recorder: str, commit: str, concurrency: int,
-            barrier: Any, out: Any) -> None:
+            barrier: Any, out: Any, release: Any) -> None:
     from saga.api import Saga
     from saga.tools import load_registry
     with Saga(_settings(urls, schema, recorder, commit),
@@ -66,7 +71,7 @@ def _worker(urls: tuple[str, ...], schema: str, recorder: str, commit: str, conc
         cpu = time.process_time()
         worker.run(until_idle=True)
         out.put((worker.driven, worker.group.commits, time.process_time() - cpu))
-
+        release.wait(timeout=600)  # its backends stay until the server's CPU is read
 
 def _reports(procs: list[Any], out: Any, timeout: float) -> list[Any]:
     """One report per worker process, as each arrives; a process that ended without
@@ -91,6 +96,37 @@ def _reports(procs: list[Any], out: Any, timeout: float) -> list[Any]:
     return reports
 
 
+def _server_cpu() -> float | None:
+    """CPU seconds used so far by the local PostgreSQL server's processes (every backend
+    alive now, and the server's own), from /proc; None where there is no /proc. A remote
+    server's CPU is not seen: the figure is then 0."""
+    if not os.path.isdir("/proc"):
+        return None
+    ticks = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:  # ended meanwhile
+            continue
+        name, _, rest = stat.partition(" (")[2].rpartition(") ")
+        if name == "postgres":
+            fields = rest.split()
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _busy() -> tuple[float, float]:
+    """The machine's CPU seconds so far: busy, and in all (every CPU, from /proc/stat)."""
+    with open("/proc/stat") as f:
+        values = [int(v) for v in f.readline().split()[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    idle = values[3] + values[4]  # idle, iowait
+    return (sum(values) - idle) / hz, sum(values) / hz
+
+
 def drain_once(urls: tuple[str, ...], runs: int, steps: int, workers: int, concurrency: int,
                recorder: str, commit: str = "wait") -> dict[str, Any]:
     """One drain of ``runs`` runs by ``workers`` processes; seconds and counts."""
@@ -106,25 +142,32 @@ def drain_once(urls: tuple[str, ...], runs: int, steps: int, workers: int, concu
             ids = [saga.submit(plan, {}).run_id for _ in range(runs)]
             saga.leases  # noqa: B018 - the side tables exist before the workers start
         ctx = mp.get_context("spawn")
-        barrier, out = ctx.Barrier(workers + 1), ctx.Queue()
+        barrier, out, release = ctx.Barrier(workers + 1), ctx.Queue(), ctx.Event()
         procs = [ctx.Process(target=_worker, args=(urls, schema, recorder, commit,
-                                                   concurrency, barrier, out))
+                                                   concurrency, barrier, out, release))
                  for _ in range(workers)]
         for p in procs:
             p.start()
         barrier.wait(timeout=120)
         started = time.perf_counter()
+        server, busy = _server_cpu(), _busy()
         # A worker reports as soon as its Worker.run returns; the drain ends with the last
         # report. What follows (its Saga closed, the spawned child's interpreter shutting
         # down) is timed apart as exit_s: the `saga` command skips that shutdown.
         reports = _reports(procs, out, timeout=600)
         seconds = time.perf_counter() - started
+        # Before the workers exit: their backends, and what they used, are gone after.
+        server_s = None if server is None else _server_cpu() - server  # type: ignore[operator]
+        busy_now = _busy()
+        machine = (busy_now[0] - busy[0]) / max(busy_now[1] - busy[1], 1e-9)
+        release.set()
+        released = time.perf_counter()
         for p in procs:
             p.join(timeout=60)
             if p.exitcode is None:
                 p.kill()
                 raise SystemExit("a worker process did not exit 60 s after its report")
-        exit_s = time.perf_counter() - started - seconds
+        exit_s = time.perf_counter() - released
         commits = sum(r[1] for r in reports)
         cpu = sum(r[2] for r in reports)  # the worker processes' own, all threads
         with Saga(_settings(urls, schema, recorder), registry=load_registry([])) as saga:
@@ -136,6 +179,8 @@ def drain_once(urls: tuple[str, ...], runs: int, steps: int, workers: int, concu
         return {"seconds": seconds, "exit_s": exit_s, "runs_per_s": runs / seconds,
                 "events_per_s": events / seconds, "events": events, "commits": commits,
                 "cpu_ms_per_run": cpu * 1000 / runs,
+                "server_ms_per_run": None if server_s is None else server_s * 1000 / runs,
+                "machine_busy": machine,
                 "driven": [r[0] for r in reports]}
     finally:
         for url in urls:
@@ -174,7 +219,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[drain] repeat {r + 1}: {len(store)} database(s), {m}, {w} worker(s): "
                   f"{s['seconds']:.2f} s, {s['runs_per_s']:.0f} runs/s, "
                   f"{s['events_per_s']:.0f} events/s, {s['commits']} commits, "
-                  f"{s['cpu_ms_per_run']:.2f} ms of worker CPU per run, drives per worker "
+                  f"{s['cpu_ms_per_run']:.2f} ms of worker CPU per run, "
+                  f"{_ms(s['server_ms_per_run'])} of the server's, the machine "
+                  f"{100 * s['machine_busy']:.0f}% busy, drives per worker "
                   f"{s['driven']}, then {s['exit_s']:.2f} s for the processes to exit "
                   "(not counted)",
                   file=sys.stderr, flush=True)
@@ -183,9 +230,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.concurrency} per worker, recorder {args.recorder}, "
           f"{args.repeats} interleaved repeats (median [min..max])\n")
     print(f"| databases | commit | worker processes | runs/s | events/s | commits "
-          f"| worker CPU ms per run | × {len(base[0])} database, {base[1]}, {base[2]} "
+          f"| worker CPU ms per run | server CPU ms per run | machine busy "
+          f"| × {len(base[0])} database, {base[1]}, {base[2]} "
           "worker(s) |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for c in configs:
         rps = [s["runs_per_s"] for s in samples[c]]
         ratios = [a["runs_per_s"] / b["runs_per_s"]
@@ -194,8 +242,14 @@ def main(argv: list[str] | None = None) -> int:
               f"| {_spread([s['events_per_s'] for s in samples[c]])} "
               f"| {statistics.median(s['commits'] for s in samples[c]):.0f} "
               f"| {_spread([s['cpu_ms_per_run'] for s in samples[c]], 2)} "
+              f"| {_spread([s['server_ms_per_run'] or 0.0 for s in samples[c]], 2)} "
+              f"| {_spread([100 * s['machine_busy'] for s in samples[c]])}% "
               f"| {_spread(ratios, 2)} |")
     return 0
+
+
+def _ms(value: float | None) -> str:
+    return "? ms" if value is None else f"{value:.2f} ms"
 
 
 def _spread(xs: list[float], digits: int = 0) -> str:

@@ -69,7 +69,7 @@ def release_sql(table: str = "saga_leases", mark: str = "?", count: int = 1,
     worker, then the run ids), as :func:`claim_sql` names the table and parameters.
 
     ``ordered`` (PostgreSQL) locks the rows in run id order first, as claims take them
-    (:meth:`Leases.claim_many`): a claim of several runs and a release of several never
+    (:meth:`Leases.claim_first`): a claim of several runs and a release of several never
     deadlock (a claim locks a row another worker holds even when it does not take it)."""
     ids = ", ".join([mark] * count)
     if not ordered:
@@ -141,26 +141,47 @@ class Leases:
                                    "VALUES (?, ?)"), (queue, now))
         return "claimed"
 
-    def claim_many(self, run_ids: list[str], worker: str, seconds: float,
-                   queues: list[str | None] | None = None) -> list[str]:
-        """Claim several runs in one commit (each lease counting in its queue, as
-        :meth:`claim`); the ids this worker now holds, in order."""
-        if not run_ids:
-            return []
+    def claim_first(self, run_ids: list[str], count: int, worker: str, seconds: float,
+                    queues: list[str | None] | None = None
+                    ) -> tuple[list[str], dict[str, float]]:
+        """Claim the first ``count`` of these runs (in their order) that no other worker
+        holds, in one statement and one commit (each lease counting in its queue, as
+        :meth:`claim`): the ids this worker now holds, in order, and the expiry (POSIX
+        time) of each other worker's unexpired lease among them, which the same
+        statement reads. A run another worker claims meanwhile is neither: it is lost."""
+        if not run_ids or count <= 0:
+            return [], {}
         queues = queues if queues is not None else [None] * len(run_ids)
         now = self.clock()
         if not self.db.pg:
-            return [r for r, q in zip(run_ids, queues, strict=True)
-                    if self.claim(r, worker, seconds, q)]
-        with self.db.tx() as cur:
-            cur.execute(
-                "INSERT INTO saga_leases (run_id, worker, expires_at, queue) "
-                "SELECT r, %s, %s, q FROM unnest(%s::text[], %s::text[]) AS c(r, q) "
-                # one order for every worker's claims: two can wait, but never deadlock
-                "ORDER BY r " + _TAKE.format(now="%s") + " RETURNING run_id",
-                (worker, now + seconds, list(run_ids), list(queues), now))
-            held = {row[0] for row in cur.fetchall()}
-        return [r for r in run_ids if r in held]
+            held = {r: expires for r, (holder, expires) in self.holders(run_ids).items()
+                    if holder != worker and expires >= now}
+            claimed: list[str] = []
+            for r, q in zip(run_ids, queues, strict=True):
+                if len(claimed) < count and r not in held \
+                        and self.claim(r, worker, seconds, q):
+                    claimed.append(r)
+            return claimed, held
+        rows = self.db.query(
+            "WITH c AS (SELECT r, q, o FROM unnest(?::text[], ?::text[]) "
+            "WITH ORDINALITY AS c(r, q, o)), "
+            # as a claim sees a lease: another worker's, not expired (the complement of
+            # _TAKE's condition)
+            "h AS (SELECT l.run_id, l.expires_at FROM saga_leases AS l JOIN c "
+            "ON l.run_id = c.r WHERE l.expires_at >= ? AND l.worker <> ?), "
+            "t AS (INSERT INTO saga_leases (run_id, worker, expires_at, queue) "
+            "SELECT r, ?, ?, q FROM (SELECT r, q FROM c "
+            "WHERE r NOT IN (SELECT run_id FROM h) ORDER BY o LIMIT ?) AS p "
+            # one order for every worker's claims: two can wait, but never deadlock
+            "ORDER BY r " + _TAKE.format(now="?") + " RETURNING run_id) "
+            "SELECT run_id, NULL AS expires_at FROM t "
+            "UNION ALL SELECT run_id, expires_at FROM h",
+            (list(run_ids), list(queues), now, worker, worker, now + seconds, count, now),
+            where="claiming runs")
+        taken = {row["run_id"] for row in rows if row["expires_at"] is None}
+        return ([r for r in run_ids if r in taken],
+                {row["run_id"]: float(row["expires_at"]) for row in rows
+                 if row["expires_at"] is not None})
 
     def holders(self, run_ids: list[str]) -> dict[str, tuple[str, float]]:
         """The holder and expiry (POSIX time) of each of these runs' leases, by run id

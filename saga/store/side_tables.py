@@ -154,8 +154,10 @@ class Database:
                 return int(conn.execute(statement, tuple(args)).rowcount)
         return self.retrying("writing a side table", once)
 
-    def query(self, text: str, args: Sequence[Any] = ()) -> list[Row]:
-        """Rows of a read-only statement as dicts."""
+    def query(self, text: str, args: Sequence[Any] = (), *,
+              where: str = "reading a side table") -> list[Row]:
+        """Rows of a statement as dicts: a read, or one autocommit statement that writes
+        and returns rows (tried again after a reconnect, so it must be idempotent)."""
         def once() -> list[Row]:
             with self._lock, self._lost_as_unavailable():
                 cur = self._live().cursor()
@@ -165,7 +167,7 @@ class Database:
                     return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
                 finally:
                     cur.close()
-        return self.retrying("reading a side table", once)
+        return self.retrying(where, once)
 
     def create(self, ddl: Sequence[str], columns: Mapping[str, Mapping[str, str]] | None = None,
                after: Sequence[str] = ()) -> None:

@@ -47,9 +47,8 @@ HELD_RECHECK = 5.0
 #: Claims a look makes at most: after the first, only if other workers held some of the
 #: runs it wanted (the next runs in the order are tried instead).
 CLAIM_ROUNDS = 4
-#: After a lost claim, how many of the next runs in the order a look asks the holders of
-#: too: a fleet's workers all start from the same oldest runs, and one question skips
-#: those the others drive where a lost claim each would (see ``Worker._look``).
+#: How many of the next runs in the order a claim offers as stand-ins for those it wants
+#: that other workers hold (the first free ones are taken; see ``Worker._look``).
 LOOK_AHEAD = 32
 
 
@@ -215,26 +214,29 @@ class Worker:
                     active.add(run_id)
                     started.append(run_id)
                 elif outcome == "held":
-                    self._held_elsewhere([run_id])
-            queues: list[str | None] = [self._queue_of(r)[0] for r in wanted]
-            claimed = self.leases.claim_many(wanted, self.worker_id, self.lease_seconds,
-                                             queues)
+                    self._held_elsewhere({r: expires for r, (holder, expires)
+                                          in self.leases.holders([run_id]).items()
+                                          if holder != self.worker_id})
+            if not wanted:
+                break
+            # The next runs in the order stand in for those other workers hold, in the
+            # same statement, which also tells which those are: a fleet's workers all
+            # start from the same oldest runs, and a lost claim each would cost a round.
+            spare = [] if any(self._suspect(r) for r in [*active, *wanted]) else list(
+                islice((r for r in runnable[runnable.index(wanted[-1]) + 1:]
+                        if r not in active and not self._suspect(r)
+                        and not self._limited(r)), LOOK_AHEAD))
+            candidates = [*wanted, *spare]
+            claimed, elsewhere = self.leases.claim_first(
+                candidates, len(wanted), self.worker_id, self.lease_seconds,
+                [self._queue_of(r)[0] for r in candidates])
+            self._held_elsewhere(elsewhere)
             for run_id in claimed:
                 self.index.claimed(run_id)
                 active.add(run_id)
                 started.append(run_id)
-            lost = set(wanted).difference(claimed)
-            # Runs other workers drive: skipped for a while (see _held_elsewhere), with
-            # those next in the order that others hold too, and the next runs tried at
-            # once (else this look would claim nothing). Lost runs whose holders let go
-            # before we asked have ended, most likely: the log shows it (else they are
-            # tried again).
-            if not lost:
+            if len(claimed) == len(wanted):
                 break
-            ahead = islice((r for r in self.index.runnable()
-                            if r not in active and r not in lost), LOOK_AHEAD)
-            if not lost.intersection(self._held_elsewhere([*lost, *ahead])):
-                self.index.refresh()
         else:
             lost_all = not started
         if started:
@@ -256,16 +258,12 @@ class Worker:
             else:
                 self._loaded.pop(run_id, None)
 
-    def _held_elsewhere(self, run_ids: list[str]) -> set[str]:
-        """Note in the index the runs whose leases other workers hold; which they are."""
+    def _held_elsewhere(self, expiries: dict[str, float]) -> None:
+        """Note in the index the runs other workers hold, with their leases' expiry."""
         now = self.leases.clock()
-        noted: set[str] = set()
-        for run_id, (worker, expires) in self.leases.holders(run_ids).items():
-            if worker != self.worker_id and expires >= now:  # as a claim sees it
-                until = min(expires, now + HELD_RECHECK)
-                self.index.held(run_id, datetime.fromtimestamp(until, UTC).isoformat())
-                noted.add(run_id)
-        return noted
+        for run_id, expires in expiries.items():
+            until = min(expires, now + HELD_RECHECK)
+            self.index.held(run_id, datetime.fromtimestamp(until, UTC).isoformat())
 
     def _release_ended(self) -> None:
         """Give up the leases of the drives that ended since the last call."""
@@ -303,6 +301,11 @@ class Worker:
         if outcome in ("full", "rate"):
             held[queue] = outcome
         return outcome
+
+    def _limited(self, run_id: str) -> bool:
+        """Whether the run's queue limits its drives or starts (claimed one at a time)."""
+        limit = self._queue_of(run_id)[1]
+        return limit is not None and limit.limited
 
     def _suspect(self, run_id: str) -> bool:
         followed = self.index.runs.get(run_id)

@@ -36,6 +36,31 @@ def test_claim_renew_release_on_both_stores(saga: Saga) -> None:
     assert leases.claim("r1", "a", 10)
 
 
+def test_a_claim_takes_the_first_runs_nobody_else_holds_and_names_the_holders(
+        saga: Saga) -> None:
+    """``claim_first`` takes the first ``count`` of the runs offered, in their order,
+    that no other worker holds (its own and expired leases count free) and returns the
+    others' unexpired leases it met, with their expiry; on both stores."""
+    saga.leases  # noqa: B018 - creates the store and its side tables
+    assert saga._db is not None
+    now = [1000.0]
+    leases = Leases(saga._db, clock=lambda: now[0])
+    assert leases.claim("r1", "b", 10) and leases.claim("r3", "b", 50)
+    assert leases.claim("r2", "a", 10) and leases.claim("r4", "c", 1)
+    now[0] = 1005.0  # c's lease on r4 has expired
+    offered = ["r1", "r2", "r3", "r4", "r5", "r6"]
+    assert leases.claim_first(offered, 2, "a", 30, ["q"] * 6) == (
+        ["r2", "r4"], {"r1": 1010.0, "r3": 1050.0})
+    assert leases.holder("r2") == ("a", 1035.0)  # its own: taken again, extended
+    assert leases.holder("r4") == ("a", 1035.0)
+    assert leases.holder("r5") is None  # beyond the two wanted: not taken
+    assert leases.claim_first(offered, 4, "a", 30) == (
+        ["r2", "r4", "r5", "r6"], {"r1": 1010.0, "r3": 1050.0})
+    assert leases.claim_first(["r1", "r3"], 1, "a", 30) == ([], {"r1": 1010.0,
+                                                                 "r3": 1050.0})
+    assert leases.claim_first([], 1, "a", 30) == ([], {})
+
+
 def test_renewals_and_releases_commit_without_waiting_for_the_flush(
         pg_settings: Settings, registry: Registry) -> None:
     """One autocommit statement each, whose transaction sets synchronous_commit off for
