@@ -109,7 +109,7 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
         self._id_type = "uuid" if self.datastore.originator_id_type == "uuid" else "text"
         self._statements: dict[tuple[int, bool, bool], bytes] = {}
         self._run_statements: dict[str | None, bytes] = {}
-        self._page_statements: dict[tuple[bool, bool, bool, bool], bytes] = {}
+        self._page_statements: dict[tuple[bool, bool, bool, bool, bool], bytes] = {}
         qualified = ".".join('"' + name.replace('"', '""') + '"'
                              for name in (self.datastore.schema, self.events_table_name))
         # The lowest transaction id that may still add a row (see the module docs):
@@ -332,7 +332,23 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
                              topics: Sequence[str] = (), *,
                              inclusive_of_start: bool = True) -> Sequence[Notification]:
         """Notifications from ``start`` (to ``stop``), below the horizon, in id order."""
-        shape = (start is not None, inclusive_of_start, stop is not None, bool(topics))
+        return [Notification(id=n, originator_id=i, originator_version=v, topic=t,
+                             state=bytes(s))
+                for n, i, v, t, s in self._page(start, limit, stop, topics,
+                                                inclusive_of_start, follow=False)]
+
+    @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
+    def select_log(self, start: int, limit: int) -> list[tuple[int, str, str, bytes]]:
+        """What a follower of the log reads of its notifications from ``start``, below
+        the horizon, in id order: (id, originator id as text, topic, state) rows. A
+        worker's index reads every event of every run: rows, with the id cast to text
+        by the server, cost half the notifications' objects."""
+        return self._page(start, limit, None, (), True, follow=True)
+
+    def _page(self, start: int | None, limit: int, stop: int | None, topics: Sequence[str],
+              inclusive_of_start: bool, *, follow: bool) -> list[Any]:
+        shape = (start is not None, inclusive_of_start, stop is not None, bool(topics),
+                 follow)
         statement = self._page_statements.get(shape)
         if statement is None:
             where: list[Composed | SQL] = [SQL("notification_id < %s")]
@@ -343,10 +359,12 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
                 where.append(SQL("notification_id <= %s"))
             if topics:
                 where.append(SQL("topic = ANY(%s)"))
+            columns = ("notification_id, originator_id::text, topic, state" if follow else
+                       "notification_id, originator_id, originator_version, topic, state")
             statement = self._page_statements[shape] = SQL(
-                "SELECT notification_id, originator_id, originator_version, topic, state "
-                "FROM {table} WHERE {where} ORDER BY notification_id LIMIT %s").format(
-                table=self._table, where=SQL(" AND ").join(where)).as_bytes(None)
+                "SELECT {columns} FROM {table} WHERE {where} ORDER BY notification_id "
+                "LIMIT %s").format(columns=SQL(columns), table=self._table,
+                                    where=SQL(" AND ").join(where)).as_bytes(None)
         params: list[Any] = []
         if start is not None:
             params.append(start)
@@ -360,8 +378,7 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
             # connection for both (a refresh of a worker's index is these two statements).
             params = [self._horizon_on(conn), *params, limit]
             curs.execute(statement, params, prepare=True, binary=True)  # as in select_runs
-            page = [Notification(id=n, originator_id=i, originator_version=v, topic=t,
-                                 state=bytes(s)) for n, i, v, t, s in curs.fetchall()]
+            page = curs.fetchall()
         if page:
             self.flushed()
         return page

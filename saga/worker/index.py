@@ -101,11 +101,11 @@ class RunIndex:
         for index, app in enumerate(parts_of(self.app)):
             position = self.position if index == 0 else self.positions.get(index, 0)
             while True:
-                page = app.notifications(position + 1, 1000)
-                for n in page:
-                    self._apply(str(n.originator_id), n.topic, n.state)
+                page = app.log_rows(position + 1, 1000)
+                for _, run_id, topic, state in page:
+                    self._apply(run_id, topic, state)
                 if page:
-                    position = page[-1].id
+                    position = page[-1][0]
                     if index == 0:
                         self.position = position
                     else:
@@ -116,6 +116,11 @@ class RunIndex:
     def _apply(self, run_id: str, topic: str, state: bytes) -> None:
         kind = event_name(topic)
         followed = self.runs.get(run_id)
+        if kind in _MOVES and followed is not None and followed.begun and followed.seen \
+                and not (followed.waits or followed.retries) and followed.status != "waiting":
+            # Most of a fleet's log (each worker follows every other's steps), and it
+            # changes nothing here: what the rest of this method leaves such a run as.
+            return
         seen = followed.seen if followed is not None else 0  # a replaced entry keeps it
         if kind == "RunStarted":
             started = _payload(state)
