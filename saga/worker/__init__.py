@@ -195,21 +195,24 @@ class Worker:
             if round_ == 0:
                 metrics.queue_depth(len(runnable))
             wanted: list[str] = []
+            alone = any(self._suspect(r) for r in active)  # a suspect is driven alone
             for run_id in runnable:
-                if len(active) + len(wanted) >= self.concurrency \
-                        or any(self._suspect(r) for r in [*active, *wanted]):
+                if len(active) + len(wanted) >= self.concurrency or alone:
                     break
-                if self._suspect(run_id) and (active or wanted):
-                    continue  # a run its workers died under is driven alone: if it kills
-                    # this worker too, no innocent run dies with it and counts a takeover
                 if run_id in active:
                     continue
+                suspect = self._suspect(run_id)
+                if suspect and (active or wanted):
+                    continue  # a run its workers died under is driven alone: if it kills
+                    # this worker too, no innocent run dies with it and counts a takeover
                 queue, limit, start = self._queue_of(run_id)
                 if limit is None or not limit.limited:
                     wanted.append(run_id)  # claimed with the others, in one commit
+                    alone = suspect
                     continue
                 outcome = self._claim(run_id, queue, limit, start, held)
                 if outcome == "claimed":
+                    alone = suspect
                     self.index.claimed(run_id)
                     active.add(run_id)
                     started.append(run_id)
@@ -222,7 +225,7 @@ class Worker:
             # The next runs in the order stand in for those other workers hold, in the
             # same statement, which also tells which those are: a fleet's workers all
             # start from the same oldest runs, and a lost claim each would cost a round.
-            spare = [] if any(self._suspect(r) for r in [*active, *wanted]) else list(
+            spare = [] if alone else list(
                 islice((r for r in runnable[runnable.index(wanted[-1]) + 1:]
                         if r not in active and not self._suspect(r)
                         and not self._limited(r)), LOOK_AHEAD))
