@@ -374,7 +374,10 @@ class Drive:
         if not pending:
             return
         if self.x.group is not None:  # a worker's group commit (one commit per turn)
-            await self.x.group.save(self.run, idle=not self.tasks)
+            ending = self.lease.ending() \
+                if self.lease is not None and self.run.is_finished else None
+            if await self.x.group.save(self.run, idle=not self.tasks, ending=ending):
+                self.lease.ended()  # type: ignore[union-attr]
         elif self.lease is None:
             self.x.app.save_run(self.run)
         else:  # a new run's first append may claim its lease, and its last give it up

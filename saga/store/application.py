@@ -308,13 +308,17 @@ class SagaApplication(Application[UUID]):
             return None
         return [e.link() for e in stored] == [e.link() for e in pending]
 
-    def save_runs(self, runs: list[Run]) -> list[Exception | None]:
+    def save_runs(self, runs: list[Run], release: LeaseRelease | None = None
+                  ) -> list[Exception | None]:
         """Append the pending events of several runs in one transaction (group commit),
         each still fenced by its version. If the batch fails on a conflict, nothing of it
         was stored: each run is then saved on its own, so one stale run costs only its
-        own events. Returns, per run, None or the error its save raised."""
+        own events. Returns, per run, None or the error its save raised. ``release``
+        (one run only): the append gives its lease up too, as :meth:`save_run`'s."""
+        if release is not None and len(runs) != 1:
+            raise ValueError("a group commit gives up one run's lease, of a batch of one")
         if len(runs) == 1:
-            return [self._save_one(runs[0])]
+            return [self._save_one(runs[0], release)]
         pending = [list(run._pending_events) for run in runs]
         try:
             with store_errors("saving runs"):
@@ -348,9 +352,9 @@ class SagaApplication(Application[UUID]):
             return e
         return None
 
-    def _save_one(self, run: Run) -> Exception | None:
+    def _save_one(self, run: Run, release: LeaseRelease | None = None) -> Exception | None:
         try:
-            self.save_run(run)
+            self.save_run(run, None, release)
         except (ConcurrentWriteError, StoreUnavailableError) as e:
             return e
         return None

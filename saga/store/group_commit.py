@@ -27,6 +27,7 @@ from typing import Any
 
 from saga.domain import Run
 from saga.store.application import SagaApplication
+from saga.store.leases import LeaseRelease
 
 
 class GroupCommit:
@@ -35,7 +36,7 @@ class GroupCommit:
     def __init__(self, app: SagaApplication, max_batch: int = 256) -> None:
         self.app = app
         self.max_batch = max_batch
-        self._waiting: list[tuple[Run, asyncio.Future[None], bool]] = []
+        self._waiting: list[tuple[Run, asyncio.Future[bool], bool, LeaseRelease | None]] = []
         self._flushing: asyncio.Task[None] | None = None
         self.commits = 0  # transactions made (for benchmarks)
         #: The drives appending through this group now, child runs' included (see
@@ -51,15 +52,18 @@ class GroupCommit:
         finally:
             self.drives -= 1
 
-    async def save(self, run: Run, idle: bool = False) -> None:
+    async def save(self, run: Run, idle: bool = False,
+                   ending: LeaseRelease | None = None) -> bool:
         """Append the run's pending events (with whoever else appends now); raises what
         :meth:`SagaApplication.save_run` would. ``idle``: its drive has nothing else
-        under way while it waits (see the module docs)."""
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.append((run, future, idle))
+        under way while it waits (see the module docs). ``ending``: the run ends with
+        this append, which gives its lease up too when it is committed alone (one
+        round trip fewer for a run driven one at a time); whether it did."""
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._waiting.append((run, future, idle, ending))
         if self._flushing is None or self._flushing.done():
             self._flushing = asyncio.ensure_future(self._flush())
-        await future
+        return await future
 
     async def _flush(self) -> None:
         loop = asyncio.get_running_loop()
@@ -67,19 +71,21 @@ class GroupCommit:
         while self._waiting:
             batch, self._waiting = (self._waiting[:self.max_batch],
                                     self._waiting[self.max_batch:])
-            runs = [run for run, _, _ in batch]
-            still = 0 < self.drives <= len(batch) and all(idle for _, _, idle in batch)
+            runs = [run for run, _, _, _ in batch]
+            # A batch of one run gives its lease up with its events when it ends there.
+            ending = batch[0][3] if len(batch) == 1 else None
+            still = 0 < self.drives <= len(batch) and all(idle for _, _, idle, _ in batch)
             try:
                 errors: list[Any] = (
-                    self.app.save_runs(runs) if still
-                    else await loop.run_in_executor(None, self.app.save_runs, runs))
+                    self.app.save_runs(runs, ending) if still
+                    else await loop.run_in_executor(None, self.app.save_runs, runs, ending))
             except Exception as e:
                 errors = [e for _ in batch]
             self.commits += 1
-            for (_, future, _), error in zip(batch, errors, strict=True):
+            for (_, future, _, _), error in zip(batch, errors, strict=True):
                 if future.done():
                     continue
                 if error is None:
-                    future.set_result(None)
+                    future.set_result(ending is not None)
                 else:
                     future.set_exception(error)

@@ -86,6 +86,7 @@ class Worker:
         self._ended: deque[str] = deque()
         #: The runs a look claimed, read together in its thread, taken by their drives.
         self._loaded: dict[str, Run] = {}
+        self._appends = app.claims_with_append()  # its leases ride on its appends
         self._stopping: asyncio.Event | None = None
         self._running: tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None = None
 
@@ -316,6 +317,7 @@ class Worker:
 
     async def _drive(self, run_id: str) -> None:
         lease = self.leases.lease(run_id, self.worker_id, self.lease_seconds)
+        lease.appends = self._appends  # the append that ends the run may give it up
         loop = asyncio.get_running_loop()
         try:
             run = self._loaded.pop(run_id, None)
@@ -340,5 +342,7 @@ class Worker:
         finally:
             self.driven += 1
             # Given up with the others that ended by the next look, in one statement,
-            # before that look claims anything (so a queue's limits count it free).
-            self._ended.append(run_id)
+            # before that look claims anything (so a queue's limits count it free),
+            # unless the append that ended the run gave it up.
+            if not lease.released:
+                self._ended.append(run_id)
