@@ -132,6 +132,30 @@ def test_a_run_that_ends_in_a_commit_of_its_own_gives_its_lease_up_with_it(
     assert released == ([] if saga.app.claims_with_append() else ids)
 
 
+def test_a_run_whose_drive_fails_is_not_driven_again_at_once(saga: Saga) -> None:
+    """A drive that fails on an error of its own (a bug, not the store) leaves the run to
+    be tried again after HELD_RECHECK seconds: the worker does not spin on it, claiming
+    and failing it in a loop, and a worker draining until idle ends."""
+    plan = saga.load({"name": "one", "steps": [{"id": "a", "tool": "noop"}]})
+    run_id = saga.submit(plan).run_id
+    worker = saga.worker_loop(concurrency=1, poll_interval=0.05)
+    attempts: list[str] = []
+    make_executor = worker.make_executor
+
+    def failing(*args: Any) -> Any:
+        attempts.append(run_id)
+        raise RuntimeError("a bug in the drive (test)")
+
+    worker.make_executor = failing
+    assert worker.run(until_idle=True, stop=lambda: len(attempts) >= 3) == 1
+    assert attempts == [run_id]
+    assert saga.leases.holder(run_id) is None  # given up: another worker may try it
+    worker.make_executor = make_executor
+    worker.index.held(run_id, datetime.now(UTC).isoformat())  # its time is up
+    assert worker.run(until_idle=True) == 2  # drives counted since the worker began
+    assert saga.get(run_id).status == "completed"
+
+
 def _calls(tool: str, run_id: str) -> list[dict[str, Any]]:
     return [c for c in standins.CALLS if c["tool"] == tool and c["key"].startswith(run_id)]
 

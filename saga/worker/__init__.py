@@ -84,6 +84,8 @@ class Worker:
         #: Runs whose drive ended, whose leases the next look gives up (appended on the
         #: event loop, taken in the look's thread).
         self._ended: deque[str] = deque()
+        #: Runs whose drive failed on an error of its own: not claimed again at once.
+        self._failed: deque[str] = deque()
         #: The runs a look claimed, read together in its thread, taken by their drives.
         self._loaded: dict[str, Run] = {}
         self._appends = app.claims_with_append()  # its leases ride on its appends
@@ -185,6 +187,8 @@ class Worker:
             except Exception:  # a broken schedule must not stop the worker's runs
                 log.exception("firing due schedules failed")
         self._release_ended()
+        while self._failed:  # else the next look drives it again, and fails, at once
+            self._held_elsewhere({self._failed.popleft(): self.leases.clock() + HELD_RECHECK})
         active = set(driving)  # and those claimed in this look
         started: list[str] = []
         held: dict[str, Claim] = {}
@@ -263,7 +267,8 @@ class Worker:
                 self._loaded.pop(run_id, None)
 
     def _held_elsewhere(self, expiries: dict[str, float]) -> None:
-        """Note in the index the runs other workers hold, with their leases' expiry."""
+        """Note in the index the runs other workers hold, with their leases' expiry (or
+        when a run whose drive failed here is to be tried again)."""
         now = self.leases.clock()
         for run_id, expires in expiries.items():
             until = min(expires, now + HELD_RECHECK)
@@ -336,9 +341,12 @@ class Worker:
         except StoreUnavailableError as e:  # taken up again once the store is back
             log.warning("run %s: %s; it will be driven again", run_id, e)
         except SagaError as e:
-            log.error("run %s: %s", run_id, e)
+            log.error("run %s: %s (tried again in %.0f s)", run_id, e, HELD_RECHECK)
+            self._failed.append(run_id)
         except Exception:
-            log.exception("run %s failed in the worker", run_id)
+            log.exception("run %s failed in the worker (tried again in %.0f s)", run_id,
+                          HELD_RECHECK)
+            self._failed.append(run_id)
         finally:
             self.driven += 1
             # Given up with the others that ended by the next look, in one statement,

@@ -43,11 +43,11 @@ commits = 0
 _save_run = SagaApplication.save_run
 
 
-def save_run(self: SagaApplication, run: object) -> None:
+def save_run(self: SagaApplication, run: object, *lease: object) -> None:
     """Commit, then die if this was commit number ``limit`` (of those counted)."""
     global commits
     kinds = [type(e).__name__ for e in getattr(run, "pending_events", [])]
-    _save_run(self, run)
+    _save_run(self, run, *lease)  # type: ignore[arg-type]
     only = os.environ.get("SAGA_TEST_COUNT_ONLY")
     commits += 1 if only is None or only in kinds else 0
     if commits == limit:
