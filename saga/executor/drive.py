@@ -125,6 +125,10 @@ class Drive:
             for task in [*self.tasks, keeper, stop]:
                 if task is not None:
                     task.cancel()
+            if keeper is not None and keeper.done() and not keeper.cancelled():
+                # A renewal that lost the race with the append giving the lease up: the
+                # run is over, and asyncio would log its error as never retrieved.
+                keeper.exception()
 
     async def _loop(self, keeper: asyncio.Task[None] | None,
                     stop: asyncio.Task[Any] | None) -> Run:

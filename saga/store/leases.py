@@ -32,7 +32,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from saga.config import QueueLimit
 from saga.errors import LeaseHeldError, StoreUnavailableError
@@ -152,8 +152,8 @@ class Leases:
         if not run_ids or count <= 0:
             return [], {}
         queues = queues if queues is not None else [None] * len(run_ids)
-        now = self.clock()
         if not self.db.pg:
+            now = self.clock()
             held = {r: expires for r, (holder, expires) in self.holders(run_ids).items()
                     if holder != worker and expires >= now}
             claimed: list[str] = []
@@ -162,6 +162,12 @@ class Leases:
                         and self.claim(r, worker, seconds, q):
                     claimed.append(r)
             return claimed, held
+
+        def args() -> tuple[Any, ...]:  # at each try: one after an outage counts from then
+            now = self.clock()
+            return (list(run_ids), list(queues), now, worker, worker, now + seconds, count,
+                    now)
+
         rows = self.db.query(
             "WITH c AS (SELECT r, q, o FROM unnest(?::text[], ?::text[]) "
             "WITH ORDINALITY AS c(r, q, o)), "
@@ -176,8 +182,7 @@ class Leases:
             "ORDER BY r " + _TAKE.format(now="?") + " RETURNING run_id) "
             "SELECT run_id, NULL AS expires_at FROM t "
             "UNION ALL SELECT run_id, expires_at FROM h",
-            (list(run_ids), list(queues), now, worker, worker, now + seconds, count, now),
-            where="claiming runs")
+            args, where="claiming runs")
         taken = {row["run_id"] for row in rows if row["expires_at"] is None}
         return ([r for r in run_ids if r in taken],
                 {row["run_id"]: float(row["expires_at"]) for row in rows

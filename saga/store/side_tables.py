@@ -154,15 +154,17 @@ class Database:
                 return int(conn.execute(statement, tuple(args)).rowcount)
         return self.retrying("writing a side table", once)
 
-    def query(self, text: str, args: Sequence[Any] = (), *,
+    def query(self, text: str, args: Sequence[Any] | Callable[[], Sequence[Any]] = (), *,
               where: str = "reading a side table") -> list[Row]:
         """Rows of a statement as dicts: a read, or one autocommit statement that writes
-        and returns rows (tried again after a reconnect, so it must be idempotent)."""
+        and returns rows (tried again after a reconnect, so it must be idempotent).
+        ``args`` may be a function, called for each try (a claim reads the clock then,
+        not before an outage it rode out)."""
         def once() -> list[Row]:
             with self._lock, self._lost_as_unavailable():
                 cur = self._live().cursor()
                 try:
-                    cur.execute(self.sql(text), tuple(args))
+                    cur.execute(self.sql(text), tuple(args() if callable(args) else args))
                     names = [d[0] for d in cur.description]
                     return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
                 finally:

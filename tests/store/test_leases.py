@@ -197,3 +197,47 @@ def test_a_release_locks_its_rows_in_the_order_claims_do(pg_settings: Settings,
         assert leases.holder("r1") is None and leases.holder("r2") is None
     finally:
         s.close()
+
+
+def test_workers_claiming_the_same_runs_at_once_never_share_one(pg_settings: Settings,
+                                                                 registry: Registry) -> None:
+    """Four workers, each on its own connection, claim from the same runs at once (each
+    wanting 3, offering all of them) and give some back, over and over: a run is never
+    held by two, none deadlocks, and what one is told another holds is that other's."""
+    sagas = [Saga(pg_settings, registry=registry) for _ in range(4)]
+    try:
+        runs = [f"r{i:02d}" for i in range(24)]
+        holding: dict[str, str] = {}
+        lock = threading.Lock()
+        problems: list[str] = []
+
+        def work(index: int) -> None:
+            leases, me = sagas[index].leases, f"w{index}"
+            mine: list[str] = []
+            for _ in range(40):
+                claimed, held = leases.claim_first(runs, 3, me, 30)
+                with lock:
+                    for r in claimed:
+                        if holding.get(r, me) != me:
+                            problems.append(f"{r} claimed by {me}, held by {holding[r]}")
+                        holding[r] = me
+                    problems.extend(f"{r} reported held by {me}'s own lease"
+                                    for r in held if holding.get(r) == me)
+                mine = sorted(set(mine) | set(claimed))
+                give_back, mine = mine[:2], mine[2:]
+                with lock:  # before the release commits: nobody can take them yet
+                    for r in give_back:
+                        del holding[r]
+                leases.release_many(give_back, me)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in threads)
+        assert problems == []
+        assert {r: h for r, (h, _) in sagas[0].leases.holders(runs).items()} == holding
+    finally:
+        for s in sagas:
+            s.close()
