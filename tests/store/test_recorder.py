@@ -435,16 +435,20 @@ def test_no_wait_readers_return_only_what_is_flushed(schema: str) -> None:
     try:
         written = ""
         assert recorder.select_notifications(start=None, limit=10) == []
+        assert recorder.select_log(1, 10) == []  # a worker's index reads the log so
         assert recorder.max_notification_id() is None
         assert flushes == []
-        recorder.insert_events([StoredEvent(uuid4(), 1, "t", b"x")])
+        run = uuid4()
+        recorder.insert_events([StoredEvent(run, 1, "t", b"x")])
         with psycopg.connect(PG_URL, autocommit=True) as c:
             row = c.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
         assert row is not None
         written = str(row[0])
         assert len(recorder.select_notifications(start=None, limit=10)) == 1
+        assert [(i, t, s) for _, i, t, s in recorder.select_log(1, 10)] == [
+            (str(run), "t", b"x")]
         assert recorder.max_notification_id() is not None
-        assert len(flushes) == 2
+        assert len(flushes) == 3
 
         def lsn(text: str) -> int:
             high, low = text.split("/")
