@@ -377,19 +377,21 @@ class Drive:
         pending = list(self.run.pending_events)
         if not pending:
             return
+        # The append that ends the run may give its lease up too (a run's first append,
+        # still to claim it, never does: ending() is None then).
+        lease = self.lease
+        ending = lease.ending() if lease is not None and self.run.is_finished else None
         if self.x.group is not None:  # a worker's group commit (one commit per turn)
-            ending = self.lease.ending() \
-                if self.lease is not None and self.run.is_finished else None
-            if await self.x.group.save(self.run, idle=not self.tasks, ending=ending):
-                self.lease.ended()  # type: ignore[union-attr]
-        elif self.lease is None:
+            # it gives the lease up only with a batch of this run alone
+            released = await self.x.group.save(self.run, idle=not self.tasks, ending=ending)
+        elif lease is None:
             self.x.app.save_run(self.run)
-        else:  # a new run's first append may claim its lease, and its last give it up
-            ending = self.lease.ending() if self.run.is_finished else None  # not both
-            claim = self.lease.take_claim()
-            self.x.app.save_run(self.run, claim, ending)
-            if ending is not None:
-                self.lease.ended()
+            released = False
+        else:  # a new run's first append may claim its lease
+            self.x.app.save_run(self.run, lease.take_claim(), ending)
+            released = ending is not None
+        if released and lease is not None:
+            lease.ended()
         metrics.recorded(self.run.name, pending, self._tool)
         if self.x.on_events is not None:
             self.x.on_events(self.run, pending)

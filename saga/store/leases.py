@@ -153,9 +153,7 @@ class Leases:
             return [], {}
         queues = queues if queues is not None else [None] * len(run_ids)
         if not self.db.pg:
-            now = self.clock()
-            held = {r: expires for r, (holder, expires) in self.holders(run_ids).items()
-                    if holder != worker and expires >= now}
+            held = self.held_by_others(run_ids, worker)
             claimed: list[str] = []
             for r, q in zip(run_ids, queues, strict=True):
                 if len(claimed) < count and r not in held \
@@ -197,6 +195,13 @@ class Leases:
         rows = self.db.query("SELECT run_id, worker, expires_at FROM saga_leases "
                              f"WHERE run_id IN ({marks})", run_ids)
         return {r["run_id"]: (r["worker"], float(r["expires_at"])) for r in rows}
+
+    def held_by_others(self, run_ids: list[str], worker: str) -> dict[str, float]:
+        """The expiry (POSIX time) of each unexpired lease of these runs that a worker
+        other than ``worker`` holds, as a claim sees it (it could not take those)."""
+        now = self.clock()
+        return {r: expires for r, (holder, expires) in self.holders(run_ids).items()
+                if holder != worker and expires >= now}
 
     def renew(self, run_id: str, worker: str, seconds: float) -> bool:
         """Extend a lease this worker holds; False if it was taken over."""

@@ -222,10 +222,7 @@ class Worker:
                     active.add(run_id)
                     started.append(run_id)
                 elif outcome == "held":
-                    now = self.leases.clock()
-                    self._held_elsewhere({r: expires for r, (holder, expires)
-                                          in self.leases.holders([run_id]).items()
-                                          if holder != self.worker_id and expires >= now})
+                    self._held_elsewhere(self.leases.held_by_others([run_id], self.worker_id))
             if not wanted:
                 break
             # The next runs in the order stand in for those other workers hold, in the

@@ -116,10 +116,12 @@ class RunIndex:
     def _apply(self, run_id: str, topic: str, state: bytes) -> None:
         kind = event_name(topic)
         followed = self.runs.get(run_id)
-        if kind in _MOVES and followed is not None and followed.begun and followed.seen \
+        if kind in _MOVES and followed is not None and followed.seen \
                 and not (followed.waits or followed.retries) and followed.status != "waiting":
-            # Most of a fleet's log (each worker follows every other's steps), and it
-            # changes nothing here: what the rest of this method leaves such a run as.
+            # A step moving in a run that waits for nothing leaves it where it is: most of
+            # a fleet's log (each worker follows every other's steps). All the rest of this
+            # method would do is mark it begun.
+            followed.begun = True
             return
         seen = followed.seen if followed is not None else 0  # a replaced entry keeps it
         if kind == "RunStarted":
@@ -135,10 +137,6 @@ class RunIndex:
         run = self.runs.get(run_id)
         if run is None:
             return  # not a run this index follows (e.g. a child run)
-        # A step moving in a run that waits for nothing leaves it where it is, unless its
-        # status moves: most of a fleet's log (each worker follows every other's steps).
-        quiet, status = run is followed and bool(seen) and kind in _MOVES \
-            and not (run.waits or run.retries), run.status
         if not seen:
             self._seen += 1
             seen = self._seen
@@ -175,8 +173,6 @@ class RunIndex:
             run.held_until = None
         if run.status in TERMINAL:
             del self.runs[run_id]
-        elif quiet and run.status == status:
-            return
         self._place(run_id)
 
     def _started(self, run_id: str) -> dict[str, Any]:
