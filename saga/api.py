@@ -113,7 +113,7 @@ class Saga:
         """The run leases of this store (the table is created on first use)."""
         if self._leases is None:
             self.app  # noqa: B018 - the store (and its schema) exists before its side tables
-            self._db = Database(self.settings)
+            self._db = Database(self.settings, adopt=self.app.take_connection())
             self._leases = Leases(self._db)
         return self._leases
 

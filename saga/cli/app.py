@@ -10,6 +10,7 @@ another definition or inputs. Errors print one line on stderr;
 from __future__ import annotations
 
 import atexit
+import gc
 import importlib
 import json
 import logging
@@ -106,6 +107,14 @@ class _Group(click.Group):
         if cmd_name not in self.commands and cmd_name in COMMANDS:
             importlib.import_module(COMMANDS[cmd_name][0])  # its commands register here
         return self.commands.get(cmd_name)
+
+    def resolve_command(self, ctx: click.Context,
+                        args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+        resolved = super().resolve_command(ctx, args)
+        if not gc.isenabled():  # run() turned it off for the imports: see there
+            gc.freeze()
+            gc.enable()
+        return resolved
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, COMMANDS[name][1] if name in COMMANDS else
@@ -222,7 +231,14 @@ def run() -> NoReturn:
     happens: the command's Saga is closed with its context, the ``atexit`` handlers run
     (log handlers flush, exporters send their spans), and stdout and stderr are flushed.
     When a thread other than daemons is still running, or the exit status is not a
-    number, the normal exit is taken instead, which waits for those threads."""
+    number, the normal exit is taken instead, which waits for those threads.
+
+    The cyclic garbage collector is off until the command's modules are imported (see
+    ``_Group.resolve_command``), and what they made is then frozen out of its scans: the
+    imports allocate some 85,000 objects that live as long as the process; the 115
+    collections they triggered took 6% of a ``saga run`` to free about 800 (which now
+    stay, frozen with the rest)."""
+    gc.disable()
     try:
         main.main(prog_name="saga")
         code: Any = 0

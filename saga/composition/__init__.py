@@ -11,14 +11,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from saga.composition.definition import load_file, text_problems
-from saga.composition.graph_form import GraphPlan, compile_graph
 from saga.composition.library import SUFFIXES, find_template
 from saga.composition.plan import Plan, compile_plan
 from saga.domain import Run
 from saga.errors import CompositionNotFoundError, DefinitionError, Problem
+from saga.lazy import lazy
+
+if TYPE_CHECKING:
+    from saga.composition import graph_form
+    from saga.composition.graph_form import GraphPlan
+else:
+    graph_form = lazy("saga.composition.graph_form")  # loaded by a graph-form document
 
 __all__ = ["GraphPlan", "Plan", "compile_any", "load", "load_child", "plan_of", "resolve"]
 
@@ -34,7 +40,7 @@ def compile_any(data: dict[str, Any], *, tools: Tools = None, source: str | None
     if isinstance(data, dict) and "name" not in data and source and Path(source).suffix:
         data = {"name": Path(source).stem, **data}  # seed 001: the file names it
     if isinstance(data, dict) and "nodes" in data and "steps" not in data:
-        return compile_graph(data, tools=tools, source=source)
+        return graph_form.compile_graph(data, tools=tools, source=source)
     return compile_plan(data, tools=tools, source=source)
 
 
@@ -68,7 +74,7 @@ def _nested_problem(plan: Plan, i: int, problem: Problem) -> Problem:
     """A problem of the composition step i uses, at the path the user wrote: ``steps[i]``
     in the step-list form, the node's ``subgraph_config.workflow_name`` in the graph form
     (one step per node, in node order), with the child's own path in the message."""
-    if not isinstance(plan, GraphPlan):
+    if plan.form != "graph":
         return Problem(f"steps[{i}].{problem.path}" if problem.path else f"steps[{i}].use",
                        problem.message)
     inner = "" if problem.path in ("", "use") else f"{problem.path}: "
@@ -126,3 +132,9 @@ def plan_of(run: Run) -> Plan:
             _PLANS.clear()
         plan = _PLANS[run.definition_hash] = compile_any(run.definition)
     return plan
+
+
+def __getattr__(name: str) -> Any:
+    if name == "GraphPlan":  # exported, but imported only when asked for
+        return graph_form.GraphPlan
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

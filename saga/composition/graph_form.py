@@ -75,7 +75,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from saga.composition.definition import Definition, ErrorHandling, Step
 from saga.composition.graph_checks import graph_problems, validate, validate_list
@@ -197,6 +197,8 @@ class GraphPlan(Plan):
     """A compiled graph: the Plan interface (``graph`` holds the non-loop edges, so levels
     and the critical path ignore loops), with the graph's nodes, edges and loops at hand
     for its scheduler (:mod:`saga.scheduler.graph`)."""
+
+    form: ClassVar[str] = "graph"
 
     model: WorkflowGraph
 

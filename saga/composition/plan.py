@@ -15,7 +15,7 @@ import re
 import textwrap
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import ValidationError
 
@@ -48,6 +48,11 @@ class Plan:
     """A definition compiled into a dependency graph, ready for the scheduler. ``graph``
     is a :class:`~saga.composition.dag.StepGraph` for the step-list form (no networkx on
     the way to a run), a ``networkx.DiGraph`` for the graph form; both read alike."""
+
+    #: Which composition form this plan was compiled from: ``"steps"`` or ``"graph"``
+    #: (:class:`~saga.composition.graph_form.GraphPlan`). Readers branch on it rather than
+    #: on the class, so a step-list run never imports the graph form's modules.
+    form: ClassVar[str] = "steps"
 
     definition: Definition
     graph: StepGraph | nx.DiGraph

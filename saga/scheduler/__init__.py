@@ -10,10 +10,12 @@ what they decide is :mod:`~saga.scheduler.actions`.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 from saga.composition import Plan
-from saga.composition.graph_form import GraphPlan
 from saga.domain import Run
-from saga.scheduler import graph, step_list
+from saga.lazy import lazy
+from saga.scheduler import step_list
 from saga.scheduler.actions import (
     Action,
     CompensateStep,
@@ -40,6 +42,12 @@ from saga.scheduler.policy import (
 )
 from saga.scheduler.step_list import confirmation_message, confirmation_timeout, layer_report
 
+if TYPE_CHECKING:
+    from saga.composition.graph_form import GraphPlan
+    from saga.scheduler import graph
+else:
+    graph = lazy("saga.scheduler.graph")  # the graph form's rules, for its runs only
+
 __all__ = [
     "Action", "CompensateStep", "CompleteStep", "FailStep", "FinishRun", "Recorded",
     "RequestApproval", "RunRemedy", "SkipStep", "StartCompensation", "StartLoop", "StartStep",
@@ -60,7 +68,7 @@ def decide(plan: Plan, run: Run) -> list[Action]:
         return []
     if run.timed_out and run.compensation is None:
         return _timed_out(plan, run)
-    actions = graph.decide(plan, run) if isinstance(plan, GraphPlan) \
+    actions = graph.decide(cast("GraphPlan", plan), run) if plan.form == "graph" \
         else step_list.decide(plan, run)
     if run.paused:
         return [a for a in actions if not isinstance(a, _WORK)]

@@ -87,6 +87,9 @@ class SagaApplication(Application[UUID]):
     """Runs, stored as event-sourced ``Run`` aggregates."""
 
     name = "saga"
+    #: The connection that opened the store and the DDL digests it read, until a side
+    #: table's :class:`~saga.store.side_tables.Database` takes it (PostgreSQL only).
+    _spare: tuple[Any, set[str]] | None = None
 
     def __init__(self, settings: Settings, partition: tuple[int, int] | None = None) -> None:
         """Open the store (``partition``: its index and the count of partitions, when it
@@ -120,6 +123,7 @@ class SagaApplication(Application[UUID]):
                 except BaseException:
                     self.close()
                     raise
+            self._spare = (setup.conn, setup.recorded)
             _without_blind_retries(self.recorder, getattr(self.snapshots, "recorder", None))
         else:
             settings.home.mkdir(parents=True, exist_ok=True)
@@ -412,8 +416,20 @@ class SagaApplication(Application[UUID]):
         with store_errors("reading the log"):
             return int(self.recorder.max_notification_id() or 0)
 
+    def take_connection(self) -> tuple[Any, set[str]] | None:
+        """The connection this store was opened on and the DDL digests its setup read,
+        once, for a :class:`~saga.store.side_tables.Database` to adopt: a ``saga run``
+        then opens one backend fewer (and reads ``saga_schema`` once). ``None`` once
+        taken, and on SQLite."""
+        spare, self._spare = self._spare, None
+        return spare
+
     def close(self) -> None:
         """Release the store's connections."""
+        spare = self.take_connection()
+        if spare is not None:
+            with contextlib.suppress(Exception):
+                spare[0].close()
         with contextlib.suppress(Exception):
             super().close()
 
@@ -483,6 +499,7 @@ class _Setup:
         for recorder in recorders:
             recorder.create_table()
         record_ddl(self.conn, self.schema or "public", digest)
+        self.recorded.add(digest)
 
     def unlock(self) -> None:
         if self.locked:
@@ -492,10 +509,11 @@ class _Setup:
 @contextlib.contextmanager
 def _postgres_setup(settings: Settings) -> Iterator[_Setup]:
     """A store's :class:`_Setup`: a store opened for the first time is locked (and its
-    schema made) before the library opens it."""
+    schema made) before the library opens it. The connection stays open for the store to
+    hand on (:meth:`SagaApplication.take_connection`), unless the setup failed."""
     env = settings.store_env()
     conn = connect_postgres(env, settings.store_description)
-    with conn:
+    try:
         setup = _Setup(conn, env.get("POSTGRES_SCHEMA"))
         try:
             if not setup.recorded:
@@ -503,6 +521,9 @@ def _postgres_setup(settings: Settings) -> Iterator[_Setup]:
             yield setup
         finally:
             setup.unlock()
+    except BaseException:
+        conn.close()
+        raise
 
 
 def open_app(settings: Settings) -> SagaApplication:

@@ -101,6 +101,10 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
 
     def __init__(self, datastore: PostgresDatastore, *,
                  events_table_name: str = "stored_events") -> None:
+        # Open the pool and wait for its first connections, once: the library's first
+        # checkout (of its type adapters, below) would find none ready yet and open one
+        # more beside them (a third backend for a one-run `saga run`).
+        datastore.pool.open(wait=True, timeout=30.0)
         super().__init__(datastore, events_table_name=events_table_name)
         table = SQL("{0}.{1}").format(Identifier(self.datastore.schema),
                                       Identifier(self.events_table_name))

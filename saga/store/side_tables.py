@@ -46,7 +46,10 @@ class Database:
     :meth:`execute`, :meth:`query` and :meth:`create` are retried whole, and
     :meth:`retrying` retries a caller's transaction that is safe to repeat."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings,
+                 adopt: tuple[Any, set[str]] | None = None) -> None:
+        """Connect to the store's database, or ``adopt`` a connection to it and the DDL
+        digests it read (:meth:`~saga.store.application.SagaApplication.take_connection`)."""
         self._env = settings.store_env()
         self._where = settings.store_description
         self.pg = settings.is_postgres
@@ -54,13 +57,13 @@ class Database:
         # One connection serves leases (renewed from threads), the cache and DDL: a lock
         # keeps one transaction at a time on it.
         self._lock = threading.RLock()
-        self._recorded: set[str] | None = None
-        self.conn = self._connect()
+        self._recorded: set[str] | None = set(adopt[1]) if adopt else None
+        self.conn = self._connect(adopt[0] if adopt else None)
 
-    def _connect(self) -> Any:
+    def _connect(self, adopted: Any = None) -> Any:
         try:
             if self.pg:
-                conn = connect_postgres(self._env, self._where)
+                conn = adopted or connect_postgres(self._env, self._where)
                 schema = self._env.get("POSTGRES_SCHEMA", "public")
                 from psycopg import sql
 
