@@ -13,7 +13,9 @@ import pytest
 
 import saga.worker as saga_worker
 from saga import Saga
+from saga.config import Settings
 from saga.errors import StoreUnavailableError
+from saga.tools.base import Registry
 from saga.worker import HELD_RECHECK, WORKER_HOLD, Worker
 from tests.standins import standins
 
@@ -280,8 +282,8 @@ def test_a_claim_offers_the_next_runs_for_those_others_hold_and_learns_who_holds
     claims: list[tuple[list[str], int, list[str], set[str]]] = []
     claim_first = me.leases.claim_first
 
-    def spied(run_ids: list[str], count: int, *args: Any) -> Any:
-        claimed, held = claim_first(run_ids, count, *args)
+    def spied(run_ids: list[str], count: int, *args: Any, **kwargs: Any) -> Any:
+        claimed, held = claim_first(run_ids, count, *args, **kwargs)
         claims.append((list(run_ids), count, claimed, set(held)))
         return claimed, held
 
@@ -294,6 +296,30 @@ def test_a_claim_offers_the_next_runs_for_those_others_hold_and_learns_who_holds
     for run_id in ids[:4]:
         assert saga.get(run_id).status == "running"  # the other worker's, not driven yet
         assert saga.leases.holder(run_id)[0] == "other"  # type: ignore[index]
+
+
+def test_a_claim_passes_over_a_run_that_moved_since_the_worker_read_the_log(
+        pg_settings: Settings, registry: Registry) -> None:
+    """In a fleet, a worker's index can be a moment behind: another worker has just
+    finished a run and given its lease up, and this one has not read that yet. Its claim
+    passes such a run over (it has events past what the worker has read) and takes the
+    next, instead of driving a run only to find it ended; once it has read the log, the
+    run is not offered at all. Without what the worker has read, the stale run is taken."""
+    with Saga(pg_settings, registry=registry) as saga:
+        plan = saga.load({"name": "one", "steps": [{"id": "a", "tool": "noop"}]})
+        ids = [str(saga.submit(plan, {}).id) for _ in range(3)]
+        me = saga.worker_loop(concurrency=1, worker_id="me")
+        me.index.refresh()
+        assert saga.resume(ids[0]).status == "completed"  # elsewhere, its lease given up
+        assert me.index.runnable()[0] == ids[0]  # not read yet
+        since = me.index.seen_up_to()
+        assert since is not None
+        assert me.leases.claim_first(ids, 1, "me", 30, since=since) == ([ids[1]], {})
+        assert me.leases.claim_first([ids[0]], 1, "stale", 30) == ([ids[0]], {})
+        me.leases.release_many([ids[0]], "stale")
+        me.leases.release_many([ids[1]], "me")
+        assert me._look(set())[0] == [ids[1]]  # the look reads the log first
+        assert ids[0] not in me.index.runnable()
 
 
 def test_a_worker_that_lost_every_claim_of_a_look_does_not_stop_while_runs_remain(

@@ -180,6 +180,11 @@ class RunIndex:
         stored = part_for(self.app, run_id).recorder.select_events(run_uuid(run_id), lte=1)
         return _payload(stored[0].state) if stored else {}
 
+    def seen_up_to(self) -> int | None:
+        """The notification id up to which the log has been read, when the index follows
+        one store (``None`` over partitions: their ids do not compare)."""
+        return self.position if len(parts_of(self.app)) == 1 else None
+
     def runnable(self) -> list[str]:
         """Unfinished runs a driver can move on now, by priority (highest first), then
         oldest first: not paused, and not only waiting (for a person, a signal, or a timer
