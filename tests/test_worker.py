@@ -312,9 +312,9 @@ def test_a_claim_passes_over_a_run_that_moved_since_the_worker_read_the_log(
         me.index.refresh()
         assert saga.resume(ids[0]).status == "completed"  # elsewhere, its lease given up
         assert me.index.runnable()[0] == ids[0]  # not read yet
-        since = me.index.seen_up_to()
-        assert since is not None
-        assert me.leases.claim_first(ids, 1, "me", 30, since=since) == ([ids[1]], {})
+        versions = me.index.versions(ids)
+        assert versions == [1, 1, 1]
+        assert me.leases.claim_first(ids, 1, "me", 30, versions=versions) == ([ids[1]], {})
         assert me.leases.claim_first([ids[0]], 1, "stale", 30) == ([ids[0]], {})
         me.leases.release_many([ids[0]], "stale")
         me.leases.release_many([ids[1]], "me")

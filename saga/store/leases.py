@@ -142,7 +142,8 @@ class Leases:
         return "claimed"
 
     def claim_first(self, run_ids: list[str], count: int, worker: str, seconds: float,
-                    queues: list[str | None] | None = None, since: int | None = None
+                    queues: list[str | None] | None = None,
+                    versions: list[int] | None = None
                     ) -> tuple[list[str], dict[str, float]]:
         """Claim the first ``count`` of these runs (in their order) that no other worker
         holds, in one statement and one commit (each lease counting in its queue, as
@@ -150,11 +151,11 @@ class Leases:
         time) of each other worker's unexpired lease among them, which the same
         statement reads. A run another worker claims meanwhile is neither: it is lost.
 
-        ``since`` (PostgreSQL): the notification id up to which the caller has read the
-        store's log. A run with an event past it is passed over, neither claimed nor
-        held: the caller has not seen what happened to it, and most often another
-        worker has just finished it and given its lease up, so a drive of it would only
-        find it ended. The caller's next read of the log says."""
+        ``versions`` (PostgreSQL): the version of each run's last event the caller has
+        read. A run with an event past it is passed over, neither claimed nor held: the
+        caller has not seen what happened to it, and most often another worker has just
+        finished it and given its lease up, so a drive of it would only find it ended.
+        The caller's next read of the log says."""
         if not run_ids or count <= 0:
             return [], {}
         queues = queues if queues is not None else [None] * len(run_ids)
@@ -169,26 +170,26 @@ class Leases:
 
         def args() -> tuple[Any, ...]:  # at each try: one after an outage counts from then
             now = self.clock()
-            return (list(run_ids), list(queues), now, worker, worker, now + seconds,
-                    *(() if since is None else (since,)), count, now)
+            return (list(run_ids), list(queues), versions or [], now, worker, worker,
+                    now + seconds, count, now)
 
-        # Unseen events are looked for in claim order, only until enough runs are found
-        # (OFFSET 0 keeps the check above the sort), each by the run's primary key.
-        unseen = "" if since is None else (
+        # Moved runs are looked for in claim order, only until enough are found (OFFSET
+        # 0 keeps the check above the sort), each by one probe of its primary key.
+        moved = "" if versions is None else (
             "OFFSET 0) AS s WHERE NOT EXISTS (SELECT 1 FROM saga_events AS e "
-            "WHERE e.originator_id = s.r::uuid AND e.notification_id > ?) ")
+            "WHERE e.originator_id = s.r::uuid AND e.originator_version > s.v) ")
         rows = self.db.query(
-            "WITH c AS (SELECT r, q, o FROM unnest(?::text[], ?::text[]) "
-            "WITH ORDINALITY AS c(r, q, o)), "
+            "WITH c AS (SELECT r, q, v, o FROM unnest(?::text[], ?::text[], ?::bigint[]) "
+            "WITH ORDINALITY AS c(r, q, v, o)), "
             # as a claim sees a lease: another worker's, not expired (the complement of
             # _TAKE's condition)
             "h AS (SELECT l.run_id, l.expires_at FROM saga_leases AS l JOIN c "
             "ON l.run_id = c.r WHERE l.expires_at >= ? AND l.worker <> ?), "
             "t AS (INSERT INTO saga_leases (run_id, worker, expires_at, queue) "
             "SELECT r, ?, ?, q FROM (SELECT r, q FROM "
-            + ("c " if since is None else "(SELECT r, q FROM c ") +
+            + ("c " if versions is None else "(SELECT r, q, v FROM c ") +
             "WHERE r NOT IN (SELECT run_id FROM h) ORDER BY o "
-            + unseen + "LIMIT ?) AS p "
+            + moved + "LIMIT ?) AS p "
             # one order for every worker's claims: two can wait, but never deadlock
             "ORDER BY r " + _TAKE.format(now="?") + " RETURNING run_id) "
             "SELECT run_id, NULL AS expires_at FROM t "

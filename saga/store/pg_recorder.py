@@ -342,9 +342,10 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
                                                 inclusive_of_start, follow=False)]
 
     @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
-    def select_log(self, start: int, limit: int) -> list[tuple[int, str, str, bytes]]:
+    def select_log(self, start: int, limit: int) -> list[tuple[int, str, str, bytes, int]]:
         """What a follower of the log reads of its notifications from ``start``, below
-        the horizon, in id order: (id, originator id as text, topic, state) rows. A
+        the horizon, in id order: (id, originator id as text, topic, state, originator
+        version) rows. A
         worker's index reads every event of every run: rows, with the id cast to text
         by the server, cost half the notifications' objects."""
         return self._page(start, limit, None, (), True, follow=True)
@@ -363,7 +364,8 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
                 where.append(SQL("notification_id <= %s"))
             if topics:
                 where.append(SQL("topic = ANY(%s)"))
-            columns = ("notification_id, originator_id::text, topic, state" if follow else
+            columns = ("notification_id, originator_id::text, topic, state, "
+                       "originator_version" if follow else
                        "notification_id, originator_id, originator_version, topic, state")
             statement = self._page_statements[shape] = SQL(
                 "SELECT {columns} FROM {table} WHERE {where} ORDER BY notification_id "

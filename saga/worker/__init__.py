@@ -235,7 +235,8 @@ class Worker:
             candidates = [*wanted, *spare]
             claimed, elsewhere = self.leases.claim_first(
                 candidates, len(wanted), self.worker_id, self.lease_seconds,
-                [self._queue_of(r)[0] for r in candidates], since=self.index.seen_up_to())
+                [self._queue_of(r)[0] for r in candidates],
+                versions=self.index.versions(candidates))
             self._held_elsewhere(elsewhere)
             for run_id in claimed:
                 self.index.claimed(run_id)

@@ -54,6 +54,7 @@ class _Followed:
     #: expiry or HELD_RECHECK on, whichever is sooner), unless something other than its
     #: driving happens to it, or its own time comes.
     held_until: str | None = None
+    version: int = 0  # of its last event the index has read
 
 
 def _times(run: _Followed) -> list[str]:
@@ -102,8 +103,8 @@ class RunIndex:
             position = self.position if index == 0 else self.positions.get(index, 0)
             while True:
                 page = app.log_rows(position + 1, 1000)
-                for _, run_id, topic, state in page:
-                    self._apply(run_id, topic, state)
+                for _, run_id, topic, state, version in page:
+                    self._apply(run_id, topic, state, version)
                 if page:
                     position = page[-1][0]
                     if index == 0:
@@ -113,7 +114,7 @@ class RunIndex:
                 if len(page) < 1000:
                     break
 
-    def _apply(self, run_id: str, topic: str, state: bytes) -> None:
+    def _apply(self, run_id: str, topic: str, state: bytes, version: int = 0) -> None:
         kind = event_name(topic)
         followed = self.runs.get(run_id)
         if kind in _MOVES and followed is not None and followed.seen \
@@ -122,6 +123,7 @@ class RunIndex:
             # a fleet's log (each worker follows every other's steps). All the rest of this
             # method would do is mark it begun.
             followed.begun = True
+            followed.version = version
             return
         seen = followed.seen if followed is not None else 0  # a replaced entry keeps it
         if kind == "RunStarted":
@@ -141,6 +143,7 @@ class RunIndex:
             self._seen += 1
             seen = self._seen
         run.seen = seen
+        run.version = version
         run.begun = run.begun or kind in _BEGUN
         if kind in ("RunTimedOut", "CompensationStarted"):
             run.deadline = None
@@ -180,10 +183,13 @@ class RunIndex:
         stored = part_for(self.app, run_id).recorder.select_events(run_uuid(run_id), lte=1)
         return _payload(stored[0].state) if stored else {}
 
-    def seen_up_to(self) -> int | None:
-        """The notification id up to which the log has been read, when the index follows
-        one store (``None`` over partitions: their ids do not compare)."""
-        return self.position if len(parts_of(self.app)) == 1 else None
+    def versions(self, run_ids: list[str]) -> list[int] | None:
+        """The version of the last event read of each of these runs (which the index
+        follows), for a claim to pass over one that has moved on since; ``None`` over
+        partitions, whose runs are not all beside the leases."""
+        if len(parts_of(self.app)) != 1:
+            return None
+        return [self.runs[r].version for r in run_ids]
 
     def runnable(self) -> list[str]:
         """Unfinished runs a driver can move on now, by priority (highest first), then

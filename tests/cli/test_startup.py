@@ -80,9 +80,11 @@ def test_every_help_has_an_example() -> None:
 #: for SAGA_UNDO_KEY; rich for a terminal or text that is not plain; tenacity for a retry's
 #: wait, a lost connection or new PostgreSQL tables; tomllib for a saga.toml or pyproject.toml;
 #: difflib for a template not found).
-NOT_FOR_A_STEP_LIST_RUN = ("networkx", "saga.audit", "saga.replay", "saga.schedules",
-                           "saga.worker", "saga.diagram", "croniter", "jinja2",
-                           "cryptography", "rich", "tenacity", "tomllib", "difflib")
+NOT_FOR_A_STEP_LIST_RUN = ("networkx", "saga.composition.graph_form",
+                           "saga.composition.graph_model", "saga.composition.graph_checks",
+                           "saga.scheduler.graph", "saga.audit", "saga.replay",
+                           "saga.schedules", "saga.worker", "saga.diagram", "croniter",
+                           "jinja2", "cryptography", "rich", "tenacity", "tomllib", "difflib")
 STEP_LIST = """name: three
 steps:
   - {id: s0, tool: noop}
@@ -114,9 +116,9 @@ def run_in_a_process(tmp_path: Path, text: str) -> tuple[dict[str, Any], list[st
             "            main(args, standalone_mode=False)\n"
             "    except SystemExit as e:\n        assert not e.code, e.code\n"
             "assert '): completed' in text.getvalue(), text.getvalue()\n"
+            "modules = sorted(sys.modules)\n"
             "from saga.composition import graph_model\n"
-            "print(json.dumps([sorted(sys.modules), "
-            "graph_model.WorkflowGraph.__pydantic_complete__]))")
+            "print(json.dumps([modules, graph_model.WorkflowGraph.__pydantic_complete__]))")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAGA_")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=tmp_path, env={**env, "SAGA_HOME": str(tmp_path)})
@@ -144,4 +146,18 @@ def test_a_graph_form_run_loads_them_when_it_needs_them(tmp_path: Path) -> None:
     run, modules, built = run_in_a_process(tmp_path, GRAPH_FORM)
     assert run["status"] == "completed" and list(run["steps"]) == ["a", "b"]
     assert "networkx" in loaded(modules, NOT_FOR_A_STEP_LIST_RUN)
+    assert {"saga.composition.graph_form", "saga.scheduler.graph"} <= set(modules)
     assert built
+
+
+def test_the_collector_is_back_on_once_a_command_is_loaded() -> None:
+    """``saga`` turns the cyclic garbage collector off while a command's modules import
+    (they make tens of thousands of objects that live as long as the process); resolving
+    the command freezes those and turns it on again, so a worker or a server that runs
+    for days collects as usual."""
+    code = ("import gc, click\nfrom saga.cli.app import main\n"
+            "gc.disable()\nmain.resolve_command(click.Context(main), ['list'])\n"
+            "print(gc.isenabled(), gc.get_freeze_count() > 1000)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.split() == ["True", "True"]
