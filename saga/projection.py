@@ -200,7 +200,7 @@ class Projection:
         """Open a connection of its own to the app's database (tables made on first use)."""
         self.app = app
         self.name = name
-        self._db = Database(app.settings)
+        self._db = Database(app.settings, adopt=app.take_connection())
         self._ready = False
 
     def create_tables(self) -> None:

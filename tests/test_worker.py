@@ -304,17 +304,20 @@ def test_a_claim_passes_over_a_run_that_moved_since_the_worker_read_the_log(
     finished a run and given its lease up, and this one has not read that yet. Its claim
     passes such a run over (it has events past what the worker has read) and takes the
     next, instead of driving a run only to find it ended; once it has read the log, the
-    run is not offered at all. Without what the worker has read, the stale run is taken."""
+    run is not offered at all. Without what the worker has read, the stale run is taken.
+    A run that moved on without ending is claimed as before (its drive reads it whole)."""
     with Saga(pg_settings, registry=registry) as saga:
         plan = saga.load({"name": "one", "steps": [{"id": "a", "tool": "noop"}]})
         ids = [str(saga.submit(plan, {}).id) for _ in range(3)]
         me = saga.worker_loop(concurrency=1, worker_id="me")
         me.index.refresh()
         assert saga.resume(ids[0]).status == "completed"  # elsewhere, its lease given up
-        assert me.index.runnable()[0] == ids[0]  # not read yet
+        saga.pause(ids[1], actor="tester")  # moved on too, but not ended
+        assert me.index.runnable()[:2] == ids[:2]  # neither read yet
         versions = me.index.versions(ids)
         assert versions == [1, 1, 1]
         assert me.leases.claim_first(ids, 1, "me", 30, versions=versions) == ([ids[1]], {})
+        saga.unpause(ids[1], actor="tester")
         assert me.leases.claim_first([ids[0]], 1, "stale", 30) == ([ids[0]], {})
         me.leases.release_many([ids[0]], "stale")
         me.leases.release_many([ids[1]], "me")

@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 #: Each command, the module that defines it and its one-line help: ``saga --help`` and
 #: ``saga --version`` list them without importing the engine (tests/cli/test_startup.py
 #: keeps this table equal to the commands' own help).
+#: Whether :func:`run` has the cyclic collector off while a command's modules import.
+_STARTING = [False]
+
 COMMANDS: dict[str, tuple[str, str]] = {
     'approve': ('saga.cli.runs',
                  'Approve a step that waits for confirmation.'),
@@ -111,7 +114,8 @@ class _Group(click.Group):
     def resolve_command(self, ctx: click.Context,
                         args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
         resolved = super().resolve_command(ctx, args)
-        if not gc.isenabled():  # run() turned it off for the imports: see there
+        if _STARTING[0]:  # run() turned the collector off for the imports: see there
+            _STARTING[0] = False
             gc.freeze()
             gc.enable()
         return resolved
@@ -239,6 +243,7 @@ def run() -> NoReturn:
     collections they triggered took 6% of a ``saga run`` to free about 800 (which now
     stay, frozen with the rest)."""
     gc.disable()
+    _STARTING[0] = True
     try:
         main.main(prog_name="saga")
         code: Any = 0

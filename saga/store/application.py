@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sqlite3
+import threading
 import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -42,6 +43,7 @@ from saga.store.side_tables import (
 )
 
 log = logging.getLogger("saga.store")
+_SPARE = threading.Lock()
 T = TypeVar("T")
 _ENVELOPE = ("originator_id", "originator_version", "timestamp", "originator_topic",
              "prev_hash", "payload_hash", "mac")
@@ -421,7 +423,8 @@ class SagaApplication(Application[UUID]):
         once, for a :class:`~saga.store.side_tables.Database` to adopt: a ``saga run``
         then opens one backend fewer (and reads ``saga_schema`` once). ``None`` once
         taken, and on SQLite."""
-        spare, self._spare = self._spare, None
+        with _SPARE:  # two first users in two threads must not share it
+            spare, self._spare = self._spare, None
         return spare
 
     def close(self) -> None:

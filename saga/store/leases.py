@@ -35,10 +35,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from saga.config import QueueLimit
+from saga.domain import ENDINGS, TOPIC_PREFIX
 from saga.errors import LeaseHeldError, StoreUnavailableError
 from saga.store.side_tables import Database
 
 log = logging.getLogger("saga.store")
+#: The stored topics of the events that end a run.
+_ENDING_TOPICS = sorted(TOPIC_PREFIX + name for name in ENDINGS)
 
 LEASE_DDL = ("""CREATE TABLE IF NOT EXISTS saga_leases (
     run_id TEXT PRIMARY KEY, worker TEXT NOT NULL, expires_at DOUBLE PRECISION NOT NULL,
@@ -152,10 +155,11 @@ class Leases:
         statement reads. A run another worker claims meanwhile is neither: it is lost.
 
         ``versions`` (PostgreSQL): the version of each run's last event the caller has
-        read. A run with an event past it is passed over, neither claimed nor held: the
-        caller has not seen what happened to it, and most often another worker has just
-        finished it and given its lease up, so a drive of it would only find it ended.
-        The caller's next read of the log says."""
+        read. A run that has ended since (another worker has just finished it and given
+        its lease up; the caller has not read that yet) is passed over, neither claimed
+        nor held: a drive of it would only find it ended. The caller's next read of the
+        log says. A run that only moved on otherwise is claimed as before: its drive
+        reads it whole."""
         if not run_ids or count <= 0:
             return [], {}
         queues = queues if queues is not None else [None] * len(run_ids)
@@ -171,13 +175,16 @@ class Leases:
         def args() -> tuple[Any, ...]:  # at each try: one after an outage counts from then
             now = self.clock()
             return (list(run_ids), list(queues), versions or [], now, worker, worker,
-                    now + seconds, count, now)
+                    now + seconds, *(() if versions is None else (_ENDING_TOPICS,)),
+                    count, now)
 
-        # Moved runs are looked for in claim order, only until enough are found (OFFSET
-        # 0 keeps the check above the sort), each by one probe of its primary key.
-        moved = "" if versions is None else (
-            "OFFSET 0) AS s WHERE NOT EXISTS (SELECT 1 FROM saga_events AS e "
-            "WHERE e.originator_id = s.r::uuid AND e.originator_version > s.v) ")
+        # Ended runs are looked for in claim order, only until enough others are found
+        # (OFFSET 0 keeps the check above the sort), each by one probe of its primary key
+        # (a scalar subquery: as NOT EXISTS the planner may join the table instead).
+        ended = "" if versions is None else (
+            "OFFSET 0) AS s WHERE (SELECT e.originator_version FROM saga_events AS e "
+            "WHERE e.originator_id = s.r::uuid AND e.originator_version > s.v "
+            "AND e.topic = ANY(?::text[]) LIMIT 1) IS NULL ORDER BY s.o ")
         rows = self.db.query(
             "WITH c AS (SELECT r, q, v, o FROM unnest(?::text[], ?::text[], ?::bigint[]) "
             "WITH ORDINALITY AS c(r, q, v, o)), "
@@ -187,9 +194,9 @@ class Leases:
             "ON l.run_id = c.r WHERE l.expires_at >= ? AND l.worker <> ?), "
             "t AS (INSERT INTO saga_leases (run_id, worker, expires_at, queue) "
             "SELECT r, ?, ?, q FROM (SELECT r, q FROM "
-            + ("c " if versions is None else "(SELECT r, q, v FROM c ") +
+            + ("c " if versions is None else "(SELECT r, q, v, o FROM c ") +
             "WHERE r NOT IN (SELECT run_id FROM h) ORDER BY o "
-            + moved + "LIMIT ?) AS p "
+            + ended + "LIMIT ?) AS p "
             # one order for every worker's claims: two can wait, but never deadlock
             "ORDER BY r " + _TAKE.format(now="?") + " RETURNING run_id) "
             "SELECT run_id, NULL AS expires_at FROM t "

@@ -15,7 +15,8 @@ order it can resume from, never passing over a lower id that appears later) anot
   between inserts; they are not contiguous.
 * **Readers stop below the horizon.** Before it reads, a reader computes the lowest
   transaction id ``H`` that may still insert a row: the lowest id of a transaction that
-  was in progress at its snapshot and holds a lock on the events table (or, if there is
+  was in progress at its snapshot and holds a lock on the events table of a mode that
+  writing takes, ``RowExclusiveLock`` or stronger (or, if there is
   none, the snapshot's ``xmax``, which every later transaction's id is at least). Then,
   in a second statement (a newer snapshot), it reads only ids below ``H << 20``.
 
@@ -39,8 +40,9 @@ reader could have read before it, and a reader's position stays valid. (With
 :class:`NoWaitXidOrderedRecorder` a crash may lose acknowledged inserts and give their
 ids again; its readers return only what is flushed, so no reader holds such an id.)
 
-The price: a transaction that keeps a lock on the events table open delays readers (not
-writers) until it ends; readers of a quiet table see every committed row. Every writer of
+The price: a transaction that keeps a writer's lock on the events table open delays
+readers (not writers) until it ends (one that only reads it, holding
+``AccessShareLock``, does not); readers of a quiet table see every committed row. Every writer of
 one events table must use this recorder (a library recorder's serial ids are far below
 these ids): upgrade all workers of a database together. There is no ``NOTIFY`` (it takes
 a database-wide lock at commit), so :meth:`subscribe` is not supported: saga's readers
@@ -101,10 +103,6 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
 
     def __init__(self, datastore: PostgresDatastore, *,
                  events_table_name: str = "stored_events") -> None:
-        # Open the pool and wait for its first connections, once: the library's first
-        # checkout (of its type adapters, below) would find none ready yet and open one
-        # more beside them (a third backend for a one-run `saga run`).
-        datastore.pool.open(wait=True, timeout=30.0)
         super().__init__(datastore, events_table_name=events_table_name)
         table = SQL("{0}.{1}").format(Identifier(self.datastore.schema),
                                       Identifier(self.events_table_name))
@@ -117,7 +115,9 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
         qualified = ".".join('"' + name.replace('"', '""') + '"'
                              for name in (self.datastore.schema, self.events_table_name))
         # The lowest transaction id that may still add a row (see the module docs):
-        # in-progress xids of this snapshot whose backend holds a lock on the table.
+        # in-progress xids of this snapshot whose backend holds a lock on the table of a
+        # mode that writing takes (a reader's, such as a worker's claim checking that
+        # its runs have not moved on, holds no reader back).
         self._horizon = SQL(
             "WITH s AS (SELECT pg_current_snapshot() AS snap) "
             "SELECT COALESCE(("
@@ -126,7 +126,9 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
             "    SELECT t.transactionid::text::bigint FROM pg_locks r JOIN pg_locks t "
             "    ON t.virtualtransaction = r.virtualtransaction "
             "    AND t.locktype = 'transactionid' "
-            "    WHERE r.locktype = 'relation' AND r.database = ("
+            "    WHERE r.locktype = 'relation' AND r.mode IN ('RowExclusiveLock', "
+            "    'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock') "
+            "    AND r.database = ("
             "      SELECT oid FROM pg_database WHERE datname = current_database()) "
             "    AND r.relation = {rel}::regclass)"
             "), (SELECT pg_snapshot_xmax(s.snap) FROM s))::text::bigint AS h"

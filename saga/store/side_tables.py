@@ -63,12 +63,20 @@ class Database:
     def _connect(self, adopted: Any = None) -> Any:
         try:
             if self.pg:
-                conn = adopted or connect_postgres(self._env, self._where)
-                schema = self._env.get("POSTGRES_SCHEMA", "public")
                 from psycopg import sql
 
+                schema = sql.SQL("SET search_path TO {}").format(
+                    sql.Identifier(self._env.get("POSTGRES_SCHEMA", "public")))
+                if adopted is not None:
+                    try:
+                        adopted.execute(schema)
+                        return adopted
+                    except Exception:  # dropped while it waited: a new one will do
+                        with contextlib.suppress(Exception):
+                            adopted.close()
+                conn = connect_postgres(self._env, self._where)
                 try:
-                    conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+                    conn.execute(schema)
                 except Exception as e:
                     conn.close()
                     raise _unavailable(self._where, e) from e

@@ -191,6 +191,32 @@ def test_reader_waits_for_an_open_lower_transaction(schema: str) -> None:
         recorder.datastore.close()
 
 
+def test_a_transaction_that_only_reads_the_table_holds_no_reader_back(schema: str) -> None:
+    """A worker's claim reads the events table (has the run ended?) in a transaction
+    that has an id (it writes a lease): it cannot add events, so readers do not wait
+    for it, as they still do for one holding a writer's lock (the test above)."""
+    recorder = _recorder(schema)
+    conn = psycopg.connect(PG_URL, autocommit=False)
+    try:
+        conn.execute("SELECT pg_current_xact_id()")  # an id, as a lease's write gives
+        conn.execute(f'SELECT count(*) FROM "{schema}".saga_events')  # AccessShareLock
+        later = recorder.insert_events([StoredEvent(uuid4(), 1, "after", b"y")])
+        assert later is not None
+        assert [n.topic for n in recorder.select_notifications(start=None, limit=10)] \
+            == ["after"]
+        conn.execute(f'LOCK TABLE "{schema}".saga_events IN ROW EXCLUSIVE MODE')
+        more = recorder.insert_events([StoredEvent(uuid4(), 1, "held", b"z")])
+        assert more is not None
+        # a writer's lock, from a lower transaction id: readers stop below it, until it ends
+        assert recorder.select_notifications(start=None, limit=10) == []
+        conn.commit()
+        assert [n.topic for n in recorder.select_notifications(start=None, limit=10)] \
+            == ["after", "held"]
+    finally:
+        conn.close()
+        recorder.datastore.close()
+
+
 def test_the_horizon_refuses_a_connection_in_a_transaction(schema: str) -> None:
     """A page is read on the connection its horizon was computed on, in a second
     statement: in a transaction both would share one snapshot, and the read could pass

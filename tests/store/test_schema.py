@@ -134,3 +134,36 @@ def test_postgres_many_first_opens_at_once_make_the_store_once(
         t.join(timeout=60)
     assert errors == []
     assert len(_recorded(pg_settings)) >= 2
+
+
+def _backends(settings: Settings) -> int:
+    """This test's other connections to the database (by application name)."""
+    with _pg(settings) as conn:
+        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                           "current_database() AND pid <> pg_backend_pid() AND "
+                           "application_name = %s", (settings.schema,)).fetchone()
+        return int(row[0]) if row else 0
+
+
+def test_postgres_the_connection_that_opens_a_store_serves_its_side_tables(
+        pg_settings: Settings, registry: Registry, monkeypatch: Any) -> None:
+    """Opening a store sets it up on a connection of its own; the side tables (leases)
+    then take that connection instead of opening another, so a one-run ``saga run``
+    holds one backend fewer. A spare the server dropped meanwhile is replaced."""
+    monkeypatch.setenv("PGAPPNAME", pg_settings.schema or "")
+    with Saga(pg_settings, registry=registry) as s:
+        spare = s.app._spare
+        assert spare is not None
+        pid = spare[0].info.backend_pid
+        before = _backends(pg_settings)
+        assert s.leases.holder("nobody") is None
+        assert s._db is not None and s._db.conn.info.backend_pid == pid
+        assert _backends(pg_settings) == before  # no new backend for the side tables
+        assert s.app.take_connection() is None  # handed on once
+    with Saga(pg_settings, registry=registry) as s:
+        spare = s.app._spare
+        assert spare is not None
+        with _pg(pg_settings) as conn:
+            conn.execute("SELECT pg_terminate_backend(%s)", (spare[0].info.backend_pid,))
+        assert s.leases.holder("nobody") is None  # a new connection instead
+        assert s.run(s.load(FLOW), {}).status == "completed"
