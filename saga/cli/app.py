@@ -30,12 +30,12 @@ if TYPE_CHECKING:
     from saga.api import Saga
 
 
-#: Each command, the module that defines it and its one-line help: ``saga --help`` and
-#: ``saga --version`` list them without importing the engine (tests/cli/test_startup.py
-#: keeps this table equal to the commands' own help).
 #: Whether :func:`run` has the cyclic collector off while a command's modules import.
 _STARTING = [False]
 
+#: Each command, the module that defines it and its one-line help: ``saga --help`` and
+#: ``saga --version`` list them without importing the engine (tests/cli/test_startup.py
+#: keeps this table equal to the commands' own help).
 COMMANDS: dict[str, tuple[str, str]] = {
     'approve': ('saga.cli.runs',
                  'Approve a step that waits for confirmation.'),

@@ -41,10 +41,10 @@ reader could have read before it, and a reader's position stays valid. (With
 ids again; its readers return only what is flushed, so no reader holds such an id.)
 
 The price: a transaction that keeps a writer's lock on the events table open delays
-readers (not writers) until it ends (one that only reads it, holding
-``AccessShareLock``, does not); readers of a quiet table see every committed row. Every writer of
-one events table must use this recorder (a library recorder's serial ids are far below
-these ids): upgrade all workers of a database together. There is no ``NOTIFY`` (it takes
+readers (not writers) until it ends (one that only reads the table, holding
+``AccessShareLock``, does not); readers of a quiet table see every committed row. Every
+writer of one events table must use this recorder (a library recorder's serial ids are
+far below these ids): upgrade all workers of a database together. There is no ``NOTIFY`` (it takes
 a database-wide lock at commit), so :meth:`subscribe` is not supported: saga's readers
 poll :meth:`select_notifications`.
 """
@@ -117,7 +117,7 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
         # The lowest transaction id that may still add a row (see the module docs):
         # in-progress xids of this snapshot whose backend holds a lock on the table of a
         # mode that writing takes (a reader's, such as a worker's claim checking that
-        # its runs have not moved on, holds no reader back).
+        # its runs have not ended, holds no reader back).
         self._horizon = SQL(
             "WITH s AS (SELECT pg_current_snapshot() AS snap) "
             "SELECT COALESCE(("
@@ -347,9 +347,8 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
     def select_log(self, start: int, limit: int) -> list[tuple[int, str, str, bytes, int]]:
         """What a follower of the log reads of its notifications from ``start``, below
         the horizon, in id order: (id, originator id as text, topic, state, originator
-        version) rows. A
-        worker's index reads every event of every run: rows, with the id cast to text
-        by the server, cost half the notifications' objects."""
+        version) rows. A worker's index reads every event of every run: rows, with the
+        id cast to text by the server, cost half the notifications' objects."""
         return self._page(start, limit, None, (), True, follow=True)
 
     def _page(self, start: int | None, limit: int, stop: int | None, topics: Sequence[str],
