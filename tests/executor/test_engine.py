@@ -539,8 +539,8 @@ def test_children_are_not_picked_up_by_workers_on_their_own(saga: Saga) -> None:
     followed: set[str] = set()  # every run the index followed, at any point
     original = index._apply
 
-    def spy(run_id: str, topic: str, state: bytes) -> None:
-        original(run_id, topic, state)
+    def spy(run_id: str, topic: str, state: bytes, version: int = 0) -> None:
+        original(run_id, topic, state, version)
         followed.update(index.runs)
     index._apply = spy  # type: ignore[method-assign]
     run = saga.run(saga.load(parent()))
