@@ -503,6 +503,14 @@ def test_validate_answers_0_or_2_like_the_api(home: Path, data: Any, style: str,
 @example(data={"id": "g", "name": "graph", "entry_point": "R", "nodes": [
     {"id": "R", "type": "task", "task_config": {"role": "echo", "task_template": "{input}"}}],
     "edges": 12}, pairs=[], as_json=False)
+# Edges written as null passed the checks (read as none) and then failed the graph's
+# model: a pydantic error from the catch-all, exit 1. Now null is no edges; "" is refused.
+@example(data={"id": "g", "name": "graph", "entry_point": "A", "nodes": [
+    {"id": "A", "type": "human", "human_config": {"title": "", "description": ""},
+     "label": None}], "edges": None}, pairs=[], as_json=False)
+@example(data={"id": "g", "name": "graph", "entry_point": "A", "nodes": [
+    {"id": "A", "type": "human", "human_config": {"title": "", "description": ""}}],
+    "edges": ""}, pairs=[], as_json=False)
 def test_a_dry_run_records_nothing(home: Path, data: Any, pairs: list[str],
                                    as_json: bool) -> None:
     path = as_file(data, home, "json")

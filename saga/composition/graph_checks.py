@@ -51,7 +51,7 @@ def validate_list(data: dict[str, Any], key: str, model: type[BaseModel],
                    problems: list[Problem], required: bool) -> list[tuple[int, Any]]:
     """Each item validated on its own, so graph checks still run on the valid ones."""
     raw = data.get(key)
-    if not required and not raw:
+    if not required and (raw is None or raw == []):  # absent, or written empty (`edges:`)
         return []
     if not isinstance(raw, list) or not raw:
         problems.append(Problem(key, "must be a non-empty list" if required else "must be a list"))

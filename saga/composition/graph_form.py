@@ -145,7 +145,9 @@ def compile_graph(data: dict[str, Any], *, tools: Any = None,
                             edges, tools, problems, reach)
     if problems:
         raise DefinitionError(problems, source)
-    model = WorkflowGraph.model_validate(data).model_copy(update={"exit_points": exits})
+    given_edges = {"edges": data["edges"] or []} if "edges" in data else {}  # `edges:` is none
+    model = WorkflowGraph.model_validate({**data, **given_edges}).model_copy(
+        update={"exit_points": exits})
     flow = nx.DiGraph()
     for node in model.nodes:
         flow.add_node(node.id, step=_step(model, node))
