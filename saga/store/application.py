@@ -125,7 +125,10 @@ class SagaApplication(Application[UUID]):
                 except BaseException:
                     self.close()
                     raise
-            self._spare = (setup.conn, setup.recorded)
+            if partition is None:
+                self._spare = (setup.conn, setup.recorded)
+            else:  # a partition's side tables are opened by the store over them all
+                setup.conn.close()
             _without_blind_retries(self.recorder, getattr(self.snapshots, "recorder", None))
         else:
             settings.home.mkdir(parents=True, exist_ok=True)
@@ -398,13 +401,13 @@ class SagaApplication(Application[UUID]):
         return self._io("reading the log", lambda: list(self.recorder.select_notifications(
             start=start, limit=limit, stop=stop, topics=topics, inclusive_of_start=True)))
 
-    def log_rows(self, start: int, limit: int) -> list[tuple[int, str, str, bytes, int]]:
-        """A page of the log as a follower reads it: (position, run id, topic, state,
-        version) rows from position ``start`` (inclusive), in commit order."""
+    def log_rows(self, start: int, limit: int) -> list[tuple[int, str, int, str, bytes]]:
+        """A page of the log as a follower reads it: (position, run id, version, topic,
+        state) rows from position ``start`` (inclusive), in commit order."""
         select_log = getattr(self.recorder, "select_log", None)
         if select_log is not None:  # the PostgreSQL recorder's: rows, without objects
             return list(self._io("reading the log", lambda: select_log(start, limit)))
-        return [(n.id, str(n.originator_id), n.topic, n.state, n.originator_version)
+        return [(n.id, str(n.originator_id), n.originator_version, n.topic, n.state)
                 for n in self.notifications(start, limit)]
 
     def head(self) -> int:

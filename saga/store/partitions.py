@@ -72,9 +72,6 @@ class PartitionedApp(SagaApplication):
         try:
             for index, part in enumerate(partition_settings(settings)):
                 self.parts.append(SagaApplication(part, (index, len(settings.partitions))))
-                spare = self.parts[-1].take_connection()  # side tables open their own here
-                if spare is not None:
-                    spare[0].close()
         except BaseException:
             self.close()
             raise

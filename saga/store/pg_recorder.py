@@ -44,9 +44,9 @@ The price: a transaction that keeps a writer's lock on the events table open del
 readers (not writers) until it ends (one that only reads the table, holding
 ``AccessShareLock``, does not); readers of a quiet table see every committed row. Every
 writer of one events table must use this recorder (a library recorder's serial ids are
-far below these ids): upgrade all workers of a database together. There is no ``NOTIFY`` (it takes
-a database-wide lock at commit), so :meth:`subscribe` is not supported: saga's readers
-poll :meth:`select_notifications`.
+far below these ids): upgrade all workers of a database together. There is no ``NOTIFY``
+(it takes a database-wide lock at commit), so :meth:`subscribe` is not supported: saga's
+readers poll :meth:`select_notifications`.
 """
 
 from __future__ import annotations
@@ -344,10 +344,10 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
                                                 inclusive_of_start, follow=False)]
 
     @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
-    def select_log(self, start: int, limit: int) -> list[tuple[int, str, str, bytes, int]]:
+    def select_log(self, start: int, limit: int) -> list[tuple[int, str, int, str, bytes]]:
         """What a follower of the log reads of its notifications from ``start``, below
-        the horizon, in id order: (id, originator id as text, topic, state, originator
-        version) rows. A worker's index reads every event of every run: rows, with the
+        the horizon, in id order: (id, originator id as text, originator version, topic,
+        state) rows. A worker's index reads every event of every run: rows, with the
         id cast to text by the server, cost half the notifications' objects."""
         return self._page(start, limit, None, (), True, follow=True)
 
@@ -365,9 +365,8 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
                 where.append(SQL("notification_id <= %s"))
             if topics:
                 where.append(SQL("topic = ANY(%s)"))
-            columns = ("notification_id, originator_id::text, topic, state, "
-                       "originator_version" if follow else
-                       "notification_id, originator_id, originator_version, topic, state")
+            run_id = "originator_id::text" if follow else "originator_id"
+            columns = f"notification_id, {run_id}, originator_version, topic, state"
             statement = self._page_statements[shape] = SQL(
                 "SELECT {columns} FROM {table} WHERE {where} ORDER BY notification_id "
                 "LIMIT %s").format(columns=SQL(columns), table=self._table,

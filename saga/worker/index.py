@@ -103,7 +103,7 @@ class RunIndex:
             position = self.position if index == 0 else self.positions.get(index, 0)
             while True:
                 page = app.log_rows(position + 1, 1000)
-                for _, run_id, topic, state, version in page:
+                for _, run_id, version, topic, state in page:
                     self._apply(run_id, topic, state, version)
                 if page:
                     position = page[-1][0]
@@ -185,7 +185,7 @@ class RunIndex:
 
     def versions(self, run_ids: list[str]) -> list[int] | None:
         """The version of the last event read of each of these runs (which the index
-        follows), for a claim to pass over one that has moved on since; ``None`` over
+        follows), for a claim to pass over one that has ended since; ``None`` over
         partitions, whose runs are not all beside the leases."""
         if len(parts_of(self.app)) != 1:
             return None
