@@ -31,7 +31,7 @@ from saga.errors import (
     StoreUnavailableError,
     first_line,
 )
-from saga.store.leases import LeaseClaim, LeaseRelease
+from saga.store.leases import LeaseClaim, LeaseRelease, Leases, claim_first_args
 from saga.store.reconnect import Reconnect, connection_lost
 from saga.store.side_tables import (
     DDL_LOCK,
@@ -215,8 +215,40 @@ class SagaApplication(Application[UUID]):
                     runs[run_id] = self.get_run(run_id)
             return runs
         by_uid = {run_uuid(run_id): run_id for run_id in run_ids}
-        loaded = self._io("reading runs", lambda: self.recorder.select_runs(  # type: ignore[attr-defined]
-            list(by_uid), self._snapshot_table()))
+        return self._built(by_uid, self._io(
+            "reading runs", lambda: self.recorder.select_runs(  # type: ignore[attr-defined]
+                list(by_uid), self._snapshot_table())))
+
+    def claim_runs(self, leases: Leases, run_ids: list[str], count: int, worker: str,
+                   seconds: float, queues: list[str | None],
+                   versions: list[int] | None = None
+                   ) -> tuple[list[str], dict[str, float], dict[str, Run] | None]:
+        """:meth:`Leases.claim_first` of these runs, and the runs claimed as read (by
+        id), in one round trip on PostgreSQL with saga's recorder (a worker's look claims
+        and reads its runs together); elsewhere the claim alone, and ``None`` for the
+        runs (read them with :meth:`get_runs`)."""
+        if not self.claims_with_append() or count <= 0 or not run_ids:
+            claimed, held = leases.claim_first(run_ids, count, worker, seconds, queues,
+                                               versions=versions)
+            return claimed, held, None
+        recorder: Any = self.recorder
+        taken, held, loaded = self._io("claiming runs", lambda: recorder.claim_runs(
+            # at each try: one after an outage counts from then
+            claim_first_args(run_ids, count, worker, seconds, queues, versions,
+                             leases.clock()),
+            versions=versions is not None, snapshots=self._snapshot_table()))
+        claimed = [r for r in run_ids if r in taken]
+        try:
+            return claimed, held, self._built({run_uuid(r): r for r in taken}, loaded)
+        except Exception as e:  # the leases are taken: each drive reads its own run
+            log.warning("could not read the %d runs claimed together (each drive reads "
+                        "its own): %s", len(claimed), e)
+            return claimed, held, None
+
+    def _built(self, by_uid: dict[UUID, str],
+               loaded: dict[Any, tuple[Any, list[Any]]]) -> dict[str, Run]:
+        """The runs read (by the store key, as ``select_runs`` returns them) built, by
+        the id their caller knows them by (``by_uid``)."""
         runs = {}
         for uid, (snapshot, events) in loaded.items():
             try:

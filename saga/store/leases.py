@@ -81,6 +81,46 @@ def release_sql(table: str = "saga_leases", mark: str = "?", count: int = 1,
             f"WHERE worker = {mark} AND run_id IN ({ids}) ORDER BY run_id FOR UPDATE)")
 
 
+def claim_first_sql(*, versions: bool, leases: str = "saga_leases",
+                    events: str = "saga_events", run_type: str = "uuid",
+                    mark: str = "?") -> str:
+    """The claim of :meth:`Leases.claim_first` as the CTEs ``t`` (the runs claimed:
+    ``run_id``) and ``h`` (those another worker holds: ``run_id``, ``expires_at``), for a
+    statement to end with its own SELECT of them; its parameters are
+    :func:`claim_first_args`. ``versions``: passing over the runs that have ended past the
+    versions given; the tables, the events' id type and the parameter mark as
+    :func:`claim_sql` takes them."""
+    # Ended runs are looked for in claim order, only until enough others are found
+    # (OFFSET 0 keeps the check above the sort), each by one probe of its primary key
+    # (a scalar subquery: as NOT EXISTS the planner may join the table instead).
+    ended = "" if not versions else (
+        f"OFFSET 0) AS s WHERE (SELECT e.originator_version FROM {events} AS e "
+        f"WHERE e.originator_id = s.r::{run_type} AND e.originator_version > s.v "
+        f"AND e.topic = ANY({mark}::text[]) LIMIT 1) IS NULL ORDER BY s.o ")
+    return (
+        f"WITH c AS (SELECT r, q, v, o FROM unnest({mark}::text[], {mark}::text[], "
+        f"{mark}::bigint[]) WITH ORDINALITY AS c(r, q, v, o)), "
+        # as a claim sees a lease: another worker's, not expired (the complement of
+        # _TAKE's condition)
+        f"h AS (SELECT l.run_id, l.expires_at FROM {leases} AS l JOIN c "
+        f"ON l.run_id = c.r WHERE l.expires_at >= {mark} AND l.worker <> {mark}), "
+        f"t AS (INSERT INTO {leases} (run_id, worker, expires_at, queue) "
+        f"SELECT r, {mark}, {mark}, q FROM (SELECT r, q FROM "
+        + ("c " if not versions else "(SELECT r, q, v, o FROM c ") +
+        "WHERE r NOT IN (SELECT run_id FROM h) ORDER BY o "
+        + ended + f"LIMIT {mark}) AS p "
+        # one order for every worker's claims: two can wait, but never deadlock
+        "ORDER BY r " + _TAKE.format(now=mark) + " RETURNING run_id) ")
+
+
+def claim_first_args(run_ids: Sequence[str], count: int, worker: str, seconds: float,
+                     queues: Sequence[str | None], versions: Sequence[int] | None,
+                     now: float) -> tuple[Any, ...]:
+    """The parameters of :func:`claim_first_sql`, claiming at ``now``."""
+    return (list(run_ids), list(queues), list(versions or []), now, worker, worker,
+            now + seconds, *(() if versions is None else (_ENDING_TOPICS,)), count, now)
+
+
 _CLAIM = claim_sql()
 #: The advisory lock class of queue claims in PostgreSQL (the key is the queue's hash).
 QUEUE_LOCK = 0x5A6A
@@ -172,36 +212,13 @@ class Leases:
                     claimed.append(r)
             return claimed, held
 
-        def args() -> tuple[Any, ...]:  # at each try: one after an outage counts from then
-            now = self.clock()
-            return (list(run_ids), list(queues), versions or [], now, worker, worker,
-                    now + seconds, *(() if versions is None else (_ENDING_TOPICS,)),
-                    count, now)
-
-        # Ended runs are looked for in claim order, only until enough others are found
-        # (OFFSET 0 keeps the check above the sort), each by one probe of its primary key
-        # (a scalar subquery: as NOT EXISTS the planner may join the table instead).
-        ended = "" if versions is None else (
-            "OFFSET 0) AS s WHERE (SELECT e.originator_version FROM saga_events AS e "
-            "WHERE e.originator_id = s.r::uuid AND e.originator_version > s.v "
-            "AND e.topic = ANY(?::text[]) LIMIT 1) IS NULL ORDER BY s.o ")
         rows = self.db.query(
-            "WITH c AS (SELECT r, q, v, o FROM unnest(?::text[], ?::text[], ?::bigint[]) "
-            "WITH ORDINALITY AS c(r, q, v, o)), "
-            # as a claim sees a lease: another worker's, not expired (the complement of
-            # _TAKE's condition)
-            "h AS (SELECT l.run_id, l.expires_at FROM saga_leases AS l JOIN c "
-            "ON l.run_id = c.r WHERE l.expires_at >= ? AND l.worker <> ?), "
-            "t AS (INSERT INTO saga_leases (run_id, worker, expires_at, queue) "
-            "SELECT r, ?, ?, q FROM (SELECT r, q FROM "
-            + ("c " if versions is None else "(SELECT r, q, v, o FROM c ") +
-            "WHERE r NOT IN (SELECT run_id FROM h) ORDER BY o "
-            + ended + "LIMIT ?) AS p "
-            # one order for every worker's claims: two can wait, but never deadlock
-            "ORDER BY r " + _TAKE.format(now="?") + " RETURNING run_id) "
-            "SELECT run_id, NULL AS expires_at FROM t "
-            "UNION ALL SELECT run_id, expires_at FROM h",
-            args, where="claiming runs")
+            claim_first_sql(versions=versions is not None) +
+            "SELECT run_id, NULL AS expires_at FROM t UNION ALL SELECT run_id, expires_at FROM h",
+            # at each try: one after an outage counts from then
+            lambda: claim_first_args(run_ids, count, worker, seconds, queues, versions,
+                                     self.clock()),
+            where="claiming runs")
         taken = {row["run_id"] for row in rows if row["expires_at"] is None}
         return ([r for r in run_ids if r in taken],
                 {row["run_id"]: float(row["expires_at"]) for row in rows

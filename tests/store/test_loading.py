@@ -101,3 +101,56 @@ def test_runs_read_together_take_one_statement_past_each_run_s_latest_snapshot(
             [run_uuid(long.run_id)], None)[run_uuid(long.run_id)]
         assert events_only[0] is None
         assert [e.originator_version for e in events_only[1]] == list(range(1, 17))
+
+
+def test_a_claim_reads_the_runs_it_claims_as_get_run_builds_them(
+        settings: Settings, registry: Registry) -> None:
+    """A worker's claim (``claim_runs``) takes the first runs nobody else holds and, on
+    PostgreSQL, reads them in the same statement: each built exactly as ``get_run``
+    builds it, past its latest snapshot. Another worker's lease is reported, not taken;
+    a run that has ended past the version offered is passed over. Elsewhere the claim
+    is made alone and the runs are left to ``get_runs``."""
+    with Saga(replace(settings, snapshot_interval=3), registry=registry) as saga:
+        app: SagaApplication = saga.app
+        leases = saga.leases
+        held = saga.submit(saga.load(chain(1))).run_id
+        assert leases.claim(held, "other", 30)
+        long = saga.run(saga.load(chain(7))).run_id  # ended: snapshots at 3, ... 15
+        short = saga.submit(saga.load(chain(2))).run_id  # one event
+        offered = [held, long, short]
+        claimed, others, runs = app.claim_runs(leases, offered, 3, "me", 30, [None] * 3)
+        assert claimed == [long, short]
+        assert set(others) == {held}
+        assert all(leases.holder(r)[0] == "me" for r in claimed)  # type: ignore[index]
+        if not app.claims_with_append():
+            assert runs is None
+            return
+        assert runs is not None and sorted(runs) == sorted(claimed)
+        for run_id, run in runs.items():
+            alone = app.get_run(run_id)
+            assert (run.version, state(run)) == (alone.version, state(alone))
+        assert runs[long].version == 16 and runs[long].status == "completed"
+        leases.release_many(claimed, "me")
+        claimed, others, runs = app.claim_runs(leases, offered, 2, "me", 30, [None] * 3,
+                                               versions=[1, 1, 1])
+        assert (claimed, set(others)) == ([short], {held})  # long ended past version 1
+        assert runs is not None and list(runs) == [short] and runs[short].version == 1
+
+
+def test_rows_of_a_union_are_put_in_the_order_runs_are_built_in() -> None:
+    """The claim's statement reads runs in a union, which keeps no order: its rows are
+    sorted by run, each run's snapshot first, then its events by version."""
+    import random
+
+    from saga.store.pg_recorder import _in_run_order
+
+    a, b = run_uuid("A"), run_uuid("B")
+    ordered = sorted([(True, a, 3, "s", b""), (False, a, 4, "e", b""), (False, a, 5, "e", b""),
+                      (False, b, 1, "e", b""), (False, b, 2, "e", b"")],
+                     key=lambda r: (str(r[1]), not r[0], r[2]))
+    for seed in range(5):
+        shuffled = list(ordered)
+        random.Random(seed).shuffle(shuffled)
+        assert _in_run_order(shuffled) == sorted(ordered, key=lambda r: (r[1], not r[0], r[2]))
+    assert [r[:3] for r in _in_run_order(reversed(ordered)) if r[1] == a] == [
+        (True, a, 3), (False, a, 4), (False, a, 5)]
