@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 
 import saga.worker as saga_worker
 from saga import Saga
-from saga.config import Settings
+from saga.config import QueueLimit, Settings
 from saga.errors import StoreUnavailableError
 from saga.tools.base import Registry
 from saga.worker import HELD_RECHECK, WORKER_HOLD, Worker
@@ -280,15 +281,18 @@ def test_a_claim_offers_the_next_runs_for_those_others_hold_and_learns_who_holds
     assert other._look(set())[0] == ids[:4]
     me = saga.worker_loop(concurrency=1, poll_interval=0.05, worker_id="me")
     claims: list[tuple[list[str], int, list[str], set[str]]] = []
-    claim_first = me.leases.claim_first
+    claim_runs = saga.app.claim_runs
 
-    def spied(run_ids: list[str], count: int, *args: Any, **kwargs: Any) -> Any:
-        claimed, held = claim_first(run_ids, count, *args, **kwargs)
+    def spied(leases: Any, run_ids: list[str], count: int, *args: Any, **kwargs: Any) -> Any:
+        claimed, held, runs = claim_runs(leases, run_ids, count, *args, **kwargs)
         claims.append((list(run_ids), count, claimed, set(held)))
-        return claimed, held
+        return claimed, held, runs
 
-    me.leases.claim_first = spied  # type: ignore[method-assign]
-    assert me.run(until_idle=True) == 2
+    saga.app.claim_runs = spied  # type: ignore[method-assign]
+    try:
+        assert me.run(until_idle=True) == 2
+    finally:
+        del saga.app.claim_runs
     assert claims[0] == (ids, 1, [ids[4]], set(ids[:4]))
     assert all(set(c[0]).isdisjoint(ids[:4]) for c in claims[1:])  # held: not offered
     for run_id in ids[4:]:
@@ -377,13 +381,16 @@ def test_a_fleet_drains_a_backlog_together(saga: Saga) -> None:
 
 def test_a_look_reads_the_runs_it_claimed_in_one_read(saga: Saga,
                                                       caplog: pytest.LogCaptureFixture) -> None:
-    """The runs one look claims are read together (one statement on PostgreSQL), and
-    their drives read nothing more; if that read fails, each drive reads its own."""
+    """The runs one look claims are read together, and their drives read nothing more:
+    on PostgreSQL by the statement that claims them (one round trip), elsewhere by one
+    read after the claim. If that read fails (or the runs it read cannot be built), each
+    drive reads its own."""
     plan = saga.load({"name": "two", "steps": [
         {"id": "a", "tool": "noop"}, {"id": "b", "tool": "noop", "depends_on": ["a"]}]})
     app = saga.app
+    with_claim = app.claims_with_append()
     reads: list[tuple[str, Any]] = []
-    together, alone = app.get_runs, app.get_run
+    together, alone, claim_runs, built = app.get_runs, app.get_run, app.claim_runs, app._built
     failing: list[bool] = []
     inside = threading.local()  # SQLite reads them together one by one, in get_runs
 
@@ -397,6 +404,17 @@ def test_a_look_reads_the_runs_it_claimed_in_one_read(saga: Saga,
         finally:
             inside.on = False
 
+    def claimed(*args: Any, **kwargs: Any) -> Any:
+        taken, held, runs = claim_runs(*args, **kwargs)
+        if runs is not None:
+            reads.append(("claimed", sorted(runs)))
+        return taken, held, runs
+
+    def build(*args: Any) -> Any:
+        if failing:
+            raise ValueError("an event nobody knows")
+        return built(*args)
+
     def get_run(run_id: Any, version: Any = None) -> Any:
         if not getattr(inside, "on", False):
             reads.append(("alone", run_id))
@@ -404,20 +422,24 @@ def test_a_look_reads_the_runs_it_claimed_in_one_read(saga: Saga,
 
     first = [saga.submit(plan, {}).run_id for _ in range(3)]
     app.get_runs, app.get_run = get_runs, get_run  # type: ignore[method-assign]
+    app.claim_runs, app._built = claimed, build  # type: ignore[method-assign]
     try:
         worker = saga.worker_loop(concurrency=8, worker_id="w1", poll_interval=0.01)
         assert worker.run(until_idle=True) == 3
-        assert reads == [("together", first)]
+        assert reads == [("claimed", sorted(first)) if with_claim else ("together", first)]
         second = [saga.submit(plan, {}).run_id for _ in range(2)]
         reads.clear()
         failing.append(True)
         assert worker.run(until_idle=True) == 5
-        assert reads[0] == ("together", second)
-        assert sorted(r for kind, r in reads[1:] if kind == "alone") == sorted(second)
+        if not with_claim:
+            assert reads[0] == ("together", second)
+        assert "claimed" not in {kind for kind, _ in reads}
+        assert sorted(r for kind, r in reads if kind == "alone") == sorted(second)
         assert any(r.levelname == "WARNING" and "could not read the 2 runs claimed "
                    "together" in r.getMessage() for r in caplog.records)
     finally:
-        app.get_runs, app.get_run = together, alone  # type: ignore[method-assign]
+        for name in ("get_runs", "get_run", "claim_runs", "_built"):
+            delattr(app, name)
     for run_id in first + second:
         assert saga.get(run_id).status == "completed"
 
@@ -495,3 +517,118 @@ def test_a_commit_goes_to_a_thread_while_a_step_or_a_child_run_is_under_way(
     assert on_loop  # the commits with nothing else under way still are made on the loop
     for run_id in (parent.run_id, both.run_id):
         assert saga.get(run_id).status == "completed"
+
+
+def test_between_reads_of_the_log_a_look_claims_from_what_the_worker_has_read(
+        pg_settings: Settings, registry: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On PostgreSQL a look reads the log at most every FOLLOW_EVERY seconds: in between
+    it claims from its index (the claim passes over the runs that ended meanwhile), a run
+    whose drive just ended here is not offered again before the log says what the drive
+    did (here: it waits for an approval, and would be driven again and again), and a
+    look that finds nothing reads the log and tries again, so nothing is missed. With a
+    queue that limits its drives or starts, every look reads the log (the limits count
+    what it says)."""
+    monkeypatch.setattr(saga_worker, "FOLLOW_EVERY", 3600.0)  # never, but when needed
+    counts = {"reads": 0, "looks": 0}
+
+    def counted(worker: Worker) -> Worker:
+        refresh, look = worker.index.refresh, worker._look
+
+        def counted_refresh() -> None:
+            counts["reads"] += 1
+            refresh()
+
+        def counted_look(driving: set[str]) -> Any:
+            # A look while every drive is taken claims nothing and reads nothing.
+            counts["looks"] += len(driving) < worker.concurrency
+            return look(driving)
+
+        worker.index.refresh = counted_refresh  # type: ignore[method-assign]
+        worker._look = counted_look  # type: ignore[method-assign]
+        return worker
+
+    limited = replace(pg_settings, queues={"default": QueueLimit(concurrency=50)})
+    with Saga(limited, registry=registry) as saga:
+        plan = saga.load({"name": "one", "steps": [{"id": "a", "tool": "noop"}]})
+        ids = [saga.submit(plan, {}).run_id for _ in range(4)]
+        worker = counted(saga.worker_loop(concurrency=1, poll_interval=0.01))
+        assert worker.run(until_idle=True) == 4
+        assert counts["looks"] >= 5 and counts["reads"] == counts["looks"]
+        assert all(saga.get(r).status == "completed" for r in ids)
+    counts.update(reads=0, looks=0)
+    with Saga(pg_settings, registry=registry) as saga:
+        asking = saga.load({"name": "ask", "steps": [
+            {"id": "a", "tool": "noop", "confirm": "Go on?"}]})
+        ids = [saga.submit(plan if i % 3 else asking, {}).run_id for i in range(12)]
+        worker = counted(saga.worker_loop(concurrency=1, poll_interval=0.01))
+        assert worker.run(until_idle=True, stop=lambda: worker.driven > 24) == 12
+        assert counts["looks"] >= 13 and counts["reads"] <= 3  # the first look, the last
+        statuses = [saga.get(r).status for r in ids]
+        assert statuses == ["waiting" if i % 3 == 0 else "completed" for i in range(12)]
+        late = saga.submit(plan, {}).run_id  # a look that finds nothing reads the log
+        assert worker.run(until_idle=True) == 13 and saga.get(late).status == "completed"
+
+
+def test_a_run_parked_in_the_index_is_runnable_again_once_the_log_is_read(
+        saga: Saga) -> None:
+    plan = saga.load({"name": "one", "steps": [{"id": "a", "tool": "noop"}]})
+    ids = [saga.submit(plan, {}).run_id for _ in range(2)]
+    worker = saga.worker_loop(concurrency=1)
+    worker.index.refresh()
+    worker.index.park(ids[0])
+    assert worker.index.runnable() == ids[1:]
+    worker.index.refresh()
+    assert worker.index.runnable() == ids
+
+
+def test_a_look_between_reads_passes_over_runs_that_ended_and_learns_of_takeovers(
+        pg_settings: Settings, registry: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between reads of the log a worker's index can be behind. Its claim passes over
+    the runs that ended elsewhere meanwhile (taking the next in one statement) and does
+    not offer them again in that look; a run its read shows another worker died under
+    is given up at once when claimed beside others, to be claimed alone."""
+    monkeypatch.setattr(saga_worker, "FOLLOW_EVERY", 3600.0)
+    with Saga(pg_settings, registry=registry) as saga:
+        plan = saga.load({"name": "one", "steps": [{"id": "a", "tool": "noop"}]})
+        ids = [saga.submit(plan, {}).run_id for _ in range(5)]
+        me = saga.worker_loop(concurrency=1, worker_id="me")
+        me.index.refresh()
+        me._followed = time.monotonic()  # as a look has just read the log
+        for run_id in ids[:2]:
+            assert saga.resume(run_id).status == "completed"  # ended elsewhere
+        claims: list[list[str]] = []
+        claim_runs = saga.app.claim_runs
+
+        def spied(leases: Any, run_ids: list[str], *args: Any, **kwargs: Any) -> Any:
+            claims.append(list(run_ids))
+            return claim_runs(leases, run_ids, *args, **kwargs)
+
+        saga.app.claim_runs = spied  # type: ignore[method-assign]
+        try:
+            assert me._look(set())[0] == [ids[2]]  # ids[0], ids[1]: passed over
+            assert claims == [ids]
+            me.leases.release_many([ids[2]], "me")
+            claims.clear()
+            wide = saga.worker_loop(concurrency=2, worker_id="wide")
+            wide.index.refresh()
+            wide._followed = time.monotonic()
+            for run_id in ids[2:4]:
+                assert saga.resume(run_id).status == "completed"
+            assert wide._look(set())[0] == [ids[4]]
+            assert len(claims) == 1  # the ended two are not offered again in rounds
+            wide.leases.release_many([ids[4]], "wide")
+        finally:
+            del saga.app.claim_runs
+        assert saga.resume(ids[4]).status == "completed"
+        suspect, other = [saga.submit(plan, {}).run_id for _ in range(2)]
+        pair = saga.worker_loop(concurrency=2, worker_id="pair")
+        pair.index.refresh()
+        pair._followed = time.monotonic()
+        run = saga.app.get_run(suspect)
+        run.take_over("a worker that died")
+        saga.app.save_run(run)
+        assert pair._look(set())[0] == [other]
+        assert pair.index.runs[suspect].takeovers == 1
+        assert saga.leases.holder(suspect) is None  # given up, to be claimed alone
+        pair.leases.release_many([other], "pair")
+        assert pair._look(set())[0] == [suspect]

@@ -50,6 +50,12 @@ CLAIM_ROUNDS = 4
 #: How many of the next runs in the order a claim offers as stand-ins for those it wants
 #: that other workers hold (the first free ones are taken; see ``Worker._look``).
 LOOK_AHEAD = 32
+#: A look with room for runs reads the log at least this often (seconds). In between,
+#: on PostgreSQL, a look claims from what the index has read: its claim passes over a run
+#: that has ended since, reports the runs other workers took (the next in the order
+#: stand in for them), and a look that claims nothing so reads the log and tries again.
+#: With a queue that limits its drives or starts (saga.toml), every look reads the log.
+FOLLOW_EVERY = 0.05
 
 
 class Worker:
@@ -86,9 +92,17 @@ class Worker:
         self._ended: deque[str] = deque()
         #: Runs whose drive failed on an error of its own: not claimed again at once.
         self._failed: deque[str] = deque()
+        #: Runs whose drive ended, not claimed again before the log says what it did.
+        self._parked: deque[str] = deque()
         #: The runs a look claimed, read together in its thread, taken by their drives.
         self._loaded: dict[str, Run] = {}
         self._appends = app.claims_with_append()  # its leases ride on its appends
+        self._followed = float("-inf")  # when a look last read the log (monotonic)
+        #: Whether every look reads the log: a claim that passes over ended runs needs
+        #: saga's PostgreSQL recorder, and a queue's limits count what the log says (a
+        #: run started and finished elsewhere meanwhile must not count as a start here).
+        self._follow_always = not self._appends or any(
+            limit.limited for limit in self.queues.values())
         self._stopping: asyncio.Event | None = None
         self._running: tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None = None
 
@@ -189,15 +203,41 @@ class Worker:
         self._release_ended()
         while self._failed:  # else the next look drives it again, and fails, at once
             self._held_elsewhere({self._failed.popleft(): self.leases.clock() + HELD_RECHECK})
+        while self._parked:
+            self.index.park(self._parked.popleft())
         active = set(driving)  # and those claimed in this look
         started: list[str] = []
+        read: set[str] = set()  # of those started, the runs their claim read
         held: dict[str, Claim] = {}
         lost_all = False
         if len(active) < self.concurrency:  # full: nothing could be claimed anyway
-            self.index.refresh()
+            now = time.monotonic()
+            # On PostgreSQL a look between reads of the log claims from what the index
+            # has read (see FOLLOW_EVERY); one that finds nothing so reads the log first.
+            between = not self._follow_always and now - self._followed < FOLLOW_EVERY
+            for follow in (False, True) if between else (True,):
+                if follow:
+                    self.index.refresh()
+                    self._followed = now
+                lost_all = self._claim_rounds(active, started, read, held, follow)
+                if started:
+                    break
+        unread = [r for r in started if r not in read]
+        if unread:
+            self._load(unread)
+        return started, held, lost_all
+
+    def _claim_rounds(self, active: set[str], started: list[str], read: set[str],
+                      held: dict[str, Claim], followed: bool) -> bool:
+        """Claim runnable runs in the index's order, in rounds (see CLAIM_ROUNDS), up to
+        ``concurrency`` drives beside those ``active``: each claimed is added to
+        ``active`` and ``started`` (and to ``read`` when its claim read the run), the
+        queues found at a limit to ``held``; whether every round was lost to other
+        workers (runs remain to claim). ``followed``: the index has just read the log
+        (the queue depth it reports is then what the log says)."""
         for round_ in range(CLAIM_ROUNDS):
             runnable = self.index.runnable()
-            if round_ == 0:
+            if round_ == 0 and followed:
                 metrics.queue_depth(len(runnable))
             wanted: list[str] = []
             alone = any(self._suspect(r) for r in active)  # a suspect is driven alone
@@ -233,11 +273,20 @@ class Worker:
                         if r not in active and not self._suspect(r)
                         and not self._limited(r)), LOOK_AHEAD))
             candidates = [*wanted, *spare]
-            claimed, elsewhere = self.leases.claim_first(
-                candidates, len(wanted), self.worker_id, self.lease_seconds,
+            claimed, elsewhere, runs = self.app.claim_runs(
+                self.leases, candidates, len(wanted), self.worker_id, self.lease_seconds,
                 [self._queue_of(r)[0] for r in candidates],
                 versions=self.index.versions(candidates))
             self._held_elsewhere(elsewhere)
+            # A run wanted that was neither claimed nor held elsewhere has ended or been
+            # taken since the index read the log: each round would offer it again.
+            for run_id in wanted:
+                if run_id not in claimed and run_id not in elsewhere:
+                    self.index.park(run_id)
+            if runs is not None:  # read with the claim: their drives read nothing more
+                claimed = self._not_suspects(claimed, runs, active)
+                self._keep(claimed, runs)
+                read.update(claimed)
             for run_id in claimed:
                 self.index.claimed(run_id)
                 active.add(run_id)
@@ -245,10 +294,27 @@ class Worker:
             if len(claimed) == len(wanted):
                 break
         else:
-            lost_all = not started
-        if started:
-            self._load(started)
-        return started, held, lost_all
+            return not started
+        return False
+
+    def _not_suspects(self, claimed: list[str], runs: dict[str, Run],
+                      active: set[str]) -> list[str]:
+        """The runs claimed, but for those whose read shows a takeover the index had not
+        read yet (it follows the log at most every FOLLOW_EVERY): a run other workers
+        died under is driven alone, so each such run claimed beside others is given up
+        at once, and the next look (which knows it now) claims it alone."""
+        found = [r for r in claimed if r in runs and runs[r].takeovers > 0
+                 and not self._suspect(r)]
+        if not found:
+            return claimed
+        for run_id in found:
+            followed = self.index.runs.get(run_id)
+            if followed is not None:
+                followed.takeovers = runs[run_id].takeovers
+        if len(claimed) == 1 and not active:
+            return claimed  # alone anyway
+        self.leases.release_many(found, self.worker_id)
+        return [r for r in claimed if r not in found]
 
     def _load(self, run_ids: list[str]) -> None:
         """Read the runs just claimed in one round trip, for their drives to take."""
@@ -259,6 +325,10 @@ class Worker:
             log.warning("could not read the %d runs claimed together (each drive reads "
                         "its own): %s", len(run_ids), e)
             runs = {}
+        self._keep(run_ids, runs)
+
+    def _keep(self, run_ids: list[str], runs: dict[str, Run]) -> None:
+        """Keep the runs read for the drives of ``run_ids`` to take."""
         for run_id in run_ids:  # never a copy an earlier look left behind
             if run_id in runs:
                 self._loaded[run_id] = runs[run_id]
@@ -348,6 +418,7 @@ class Worker:
             self._failed.append(run_id)
         finally:
             self.driven += 1
+            self._parked.append(run_id)
             # Given up with the others that ended by the next look, in one statement,
             # before that look claims anything (so a queue's limits count it free),
             # unless the append that ended the run gave it up.

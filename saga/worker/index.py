@@ -96,9 +96,12 @@ class RunIndex:
     _due: list[tuple[str, str]] = field(default_factory=list)
     _wakes: dict[str, str] = field(default_factory=dict)
     _seen: int = 0  # runs the index has begun to follow
+    #: Runs not runnable until the next refresh (see :meth:`park`).
+    _parked: set[str] = field(default_factory=set)
 
     def refresh(self) -> None:
         """Read the log (of every partition) since the last refresh."""
+        self._parked.clear()  # what happened to them is read now
         for index, app in enumerate(parts_of(self.app)):
             position = self.position if index == 0 else self.positions.get(index, 0)
             while True:
@@ -207,7 +210,16 @@ class RunIndex:
                     self._place(run_id)
                 else:
                     self._enter(run_id)
+        if self._parked:
+            return [key[3] for key in self._ready if key[3] not in self._parked]
         return [key[3] for key in self._ready]
+
+    def park(self, run_id: str) -> None:
+        """The run is not runnable until the next refresh: a drive of it here has just
+        ended, or a claim found it ended or taken since the index read the log, and
+        the index has not read what happened yet (a refresh that stops short of it,
+        below the readers' horizon, offers it again: its drive then finds it so)."""
+        self._parked.add(run_id)
 
     def claimed(self, run_id: str) -> None:
         """A driver took the run: what happened so far is being looked at."""
