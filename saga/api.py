@@ -479,9 +479,9 @@ class Saga:
 
     def worker_loop(self, **kwargs: Any) -> worker_.Worker:
         """A worker over this store (see :class:`saga.worker.Worker`)."""
-        return worker_.Worker(
-            self.app, self.leases,
-            lambda w, threads: self.executor(worker=w, hold=worker_.WORKER_HOLD, threads=threads),
+        self.schedules  # noqa: B018 - its table is made before the worker's first look
+        return worker_.Worker(self.app, self.leases, lambda w, threads: self.executor(
+            worker=w, hold=worker_.WORKER_HOLD, threads=threads),
             tick=self.fire_schedules, **{"queues": self.settings.queues, **kwargs})
 
     def get(self, run_id: str, version: int | None = None) -> Run:

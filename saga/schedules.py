@@ -22,14 +22,20 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
-from croniter import croniter  # type: ignore[import-untyped]
 
 from saga.composition.definition import parse_duration
 from saga.errors import ConfigError, InputError, Problem, RunNotFoundError
+from saga.lazy import lazy
 from saga.store.side_tables import Database
+
+if TYPE_CHECKING:
+    import croniter as cron_  # type: ignore[import-untyped]
+else:
+    # Only a cron schedule needs it: a worker with none (most) does not load it, and
+    # its import runs the `file` command (croniter asks platform.architecture()).
+    cron_ = lazy("croniter")
 
 DDL = ("""CREATE TABLE IF NOT EXISTS saga_schedules (
     name TEXT PRIMARY KEY, source TEXT NOT NULL, definition TEXT NOT NULL,
@@ -66,7 +72,7 @@ class Schedule:
         if self.every_seconds:
             return moment + timedelta(seconds=self.every_seconds)
         zone = ZoneInfo(self.timezone)
-        nxt: datetime = croniter(self.cron, moment.astimezone(zone)).get_next(datetime)
+        nxt: datetime = cron_.croniter(self.cron, moment.astimezone(zone)).get_next(datetime)
         return nxt.astimezone(UTC)
 
     def to_json(self) -> dict[str, Any]:
@@ -86,7 +92,7 @@ def check(name: str, cron: str | None, every: str | float | None, timezone: str,
         problems.append(Problem("name", "1-100 letters, digits and ._-"))
     if (cron is None) == (every is None):
         problems.append(Problem("schedule", "give exactly one of --cron and --every"))
-    if cron is not None and not croniter.is_valid(cron):
+    if cron is not None and not cron_.croniter.is_valid(cron):
         problems.append(Problem("--cron", f"{cron!r} is not a cron expression"))
     seconds = parse_duration(every) if every is not None else None
     if every is not None and not seconds:

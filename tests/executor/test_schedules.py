@@ -85,3 +85,25 @@ def test_bad_schedules_are_input_errors(lite: Saga, cron: str | None, every: str
     with pytest.raises(InputError):
         lite.schedules.add("s", "f", lite.load(FLOW).record(), cron=cron, every=every,
                            timezone=zone)
+
+
+WORKER_WITHOUT_CRON = """
+import sys
+from pathlib import Path
+from saga import Saga
+from saga.config import Settings
+with Saga(Settings(home=Path(sys.argv[1]))) as saga:
+    plan = saga.load({"name": "one", "steps": [{"id": "a", "tool": "noop"}]})
+    saga.schedules.add("often", "inline", plan.record(), every="1h")
+    saga.submit(plan, {})
+    print(saga.worker_loop(concurrency=1).run(until_idle=True), "croniter" in sys.modules)
+    saga.schedules.add("nightly", "inline", plan.record(), cron="0 2 * * *")
+    print("croniter" in sys.modules)
+"""
+
+
+def test_a_worker_loads_croniter_only_for_a_cron_schedule(tmp_path: object) -> None:
+    """Importing croniter runs the `file` command: a worker's first look paid for it."""
+    out = subprocess.run([sys.executable, "-c", WORKER_WITHOUT_CRON, str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["1", "False", "True"]  # the run submitted (the schedule is due in 1h)
