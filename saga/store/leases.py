@@ -83,23 +83,25 @@ def release_sql(table: str = "saga_leases", mark: str = "?", count: int = 1,
 
 def claim_first_sql(*, versions: bool, leases: str = "saga_leases",
                     events: str = "saga_events", run_type: str = "uuid",
-                    mark: str = "?") -> str:
+                    mark: str = "?", array_mark: str | None = None) -> str:
     """The claim of :meth:`Leases.claim_first` as the CTEs ``t`` (the runs claimed:
     ``run_id``) and ``h`` (those another worker holds: ``run_id``, ``expires_at``), for a
     statement to end with its own SELECT of them; its parameters are
     :func:`claim_first_args`. ``versions``: passing over the runs that have ended past the
     versions given; the tables, the events' id type and the parameter mark as
-    :func:`claim_sql` takes them."""
+    :func:`claim_sql` takes them, and the mark of the arrays (psycopg's ``%b`` sends
+    them in binary: a third of the client's CPU of text, which quotes each element)."""
+    arrays = array_mark or mark
     # Ended runs are looked for in claim order, only until enough others are found
     # (OFFSET 0 keeps the check above the sort), each by one probe of its primary key
     # (a scalar subquery: as NOT EXISTS the planner may join the table instead).
     ended = "" if not versions else (
         f"OFFSET 0) AS s WHERE (SELECT e.originator_version FROM {events} AS e "
         f"WHERE e.originator_id = s.r::{run_type} AND e.originator_version > s.v "
-        f"AND e.topic = ANY({mark}::text[]) LIMIT 1) IS NULL ORDER BY s.o ")
+        f"AND e.topic = ANY({arrays}::text[]) LIMIT 1) IS NULL ORDER BY s.o ")
     return (
-        f"WITH c AS (SELECT r, q, v, o FROM unnest({mark}::text[], {mark}::text[], "
-        f"{mark}::bigint[]) WITH ORDINALITY AS c(r, q, v, o)), "
+        f"WITH c AS (SELECT r, q, v, o FROM unnest({arrays}::text[], {arrays}::text[], "
+        f"{arrays}::bigint[]) WITH ORDINALITY AS c(r, q, v, o)), "
         # as a claim sees a lease: another worker's, not expired (the complement of
         # _TAKE's condition)
         f"h AS (SELECT l.run_id, l.expires_at FROM {leases} AS l JOIN c "

@@ -341,7 +341,7 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
             statement = self._claim_statements[versions, snapshots] = SQL(
                 claim_first_sql(versions=versions, leases=self._leases.as_string(None),
                                 events=self._table.as_string(None), run_type=self._id_type,
-                                mark="%s") +
+                                mark="%s", array_mark="%b") +
                 "SELECT t.run_id, NULL::float8, NULL::bool, {null}, NULL::bigint, "
                 "NULL::text, NULL::bytea FROM t UNION ALL SELECT h.run_id, h.expires_at, "
                 "NULL, NULL, NULL, NULL, NULL FROM h UNION ALL SELECT NULL, NULL, r.* "

@@ -101,8 +101,8 @@ class Worker:
         #: Whether every look reads the log: a claim that passes over ended runs needs
         #: saga's PostgreSQL recorder, and a queue's limits count what the log says (a
         #: run started and finished elsewhere meanwhile must not count as a start here).
-        self._follow_always = not self._appends or any(
-            limit.limited for limit in self.queues.values())
+        self._limits = any(limit.limited for limit in self.queues.values())
+        self._follow_always = not self._appends or self._limits
         self._stopping: asyncio.Event | None = None
         self._running: tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None = None
 
@@ -271,11 +271,11 @@ class Worker:
             spare = [] if alone else list(
                 islice((r for r in runnable[runnable.index(wanted[-1]) + 1:]
                         if r not in active and not self._suspect(r)
-                        and not self._limited(r)), LOOK_AHEAD))
+                        and not (self._limits and self._limited(r))), LOOK_AHEAD))
             candidates = [*wanted, *spare]
             claimed, elsewhere, runs = self.app.claim_runs(
                 self.leases, candidates, len(wanted), self.worker_id, self.lease_seconds,
-                [self._queue_of(r)[0] for r in candidates],
+                [self.index.queue_of(r) for r in candidates],
                 versions=self.index.versions(candidates))
             self._held_elsewhere(elsewhere)
             # A run wanted that was neither claimed nor held elsewhere has ended or been

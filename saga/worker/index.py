@@ -214,6 +214,11 @@ class RunIndex:
             return [key[3] for key in self._ready if key[3] not in self._parked]
         return [key[3] for key in self._ready]
 
+    def queue_of(self, run_id: str) -> str:
+        """The queue a run is claimed from (``default`` for a run not followed)."""
+        followed = self.runs.get(run_id)
+        return followed.queue if followed is not None else DEFAULT_QUEUE
+
     def park(self, run_id: str) -> None:
         """The run is not runnable until the next refresh: a drive of it here has just
         ended, or a claim found it ended or taken since the index read the log, and
