@@ -24,7 +24,7 @@ from itertools import islice
 from typing import Any
 
 from saga.config import QueueLimit
-from saga.domain import DEFAULT_QUEUE, Run
+from saga.domain import Run
 from saga.errors import ConcurrentWriteError, LeaseLostError, SagaError, StoreUnavailableError
 from saga.executor import TOOL_THREADS, Executor, ToolThreads
 from saga.store.application import SagaApplication
@@ -101,6 +101,7 @@ class Worker:
         #: Whether every look reads the log: a claim that passes over ended runs needs
         #: saga's PostgreSQL recorder, and a queue's limits count what the log says (a
         #: run started and finished elsewhere meanwhile must not count as a start here).
+        #: Whether any queue limits its drives or starts (its runs are claimed apart).
         self._limits = any(limit.limited for limit in self.queues.values())
         self._follow_always = not self._appends or self._limits
         self._stopping: asyncio.Event | None = None
@@ -365,7 +366,7 @@ class Worker:
     def _queue_of(self, run_id: str) -> tuple[str, QueueLimit | None, bool]:
         """A run's queue, that queue's limits, and whether claiming it starts the run."""
         followed = self.index.runs.get(run_id)
-        queue = followed.queue if followed is not None else DEFAULT_QUEUE
+        queue = self.index.queue_of(run_id)
         return queue, self.queues.get(queue), followed is None or not followed.begun
 
     def _claim(self, run_id: str, queue: str, limit: QueueLimit, start: bool,
