@@ -5,7 +5,7 @@ Usage::
 
     python ops/bench/drain.py [--runs 300] [--steps 5] [--workers 1,4] [--concurrency 64]
                               [--repeats 3] [--pg-url URL] [--recorder xid|library]
-                              [--partitions URL,URL...] [--commit wait[,no-wait]]
+                              [--partitions URL,URL...] [--commit wait[,no-wait]] [--apart]
 
 With ``--partitions``, every worker count drains twice per repeat: into the first URL
 alone, and into a store partitioned over all of them (README, Partitioned stores).
@@ -24,6 +24,10 @@ lock. Each repeat's line
 shows the drives each worker ended (a worker that claimed nothing shows 0). Every run is checked
 ``completed`` at the end and every run's events counted once. ``--commit wait,no-wait``
 interleaves the two commit modes (``SAGA_PG_COMMIT``) too, ratios against the first.
+``--apart`` adds, for each worker count above 1, a drain where every worker process has
+a schema of its own holding an equal share of the runs: the processes then share the
+machine and the server, but no table, lease or log. Its ratio to one worker is what the
+machine allows; the shared drain's ratio beside it shows what sharing one store costs.
 """
 
 from __future__ import annotations
@@ -128,24 +132,32 @@ def _busy() -> tuple[float, float]:
 
 
 def drain_once(urls: tuple[str, ...], runs: int, steps: int, workers: int, concurrency: int,
-               recorder: str, commit: str = "wait") -> dict[str, Any]:
-    """One drain of ``runs`` runs by ``workers`` processes; seconds and counts."""
+               recorder: str, commit: str = "wait", apart: bool = False) -> dict[str, Any]:
+    """One drain of ``runs`` runs by ``workers`` processes; seconds and counts. ``apart``:
+    each process drains an equal share of the runs in a schema of its own, so the
+    processes share the machine and the server but no table, lease or log."""
     import psycopg
 
     from saga.api import Saga
     from saga.store.partitions import parts_of
     from saga.tools import load_registry
-    schema = f"drain_{uuid.uuid4().hex[:10]}"
+    name = f"drain_{uuid.uuid4().hex[:10]}"
+    schemas = [f"{name}_{i}" for i in range(workers)] if apart else [name]
+    if runs % len(schemas):
+        raise SystemExit(f"--apart: {runs} runs do not split evenly over {workers} workers")
+    ids: dict[str, list[str]] = {}
     try:
-        with Saga(_settings(urls, schema, recorder), registry=load_registry([])) as saga:
-            plan = saga.load(chain(steps))
-            ids = [saga.submit(plan, {}).run_id for _ in range(runs)]
-            saga.leases  # noqa: B018 - the side tables exist before the workers start
+        for schema in schemas:
+            with Saga(_settings(urls, schema, recorder), registry=load_registry([])) as saga:
+                plan = saga.load(chain(steps))
+                ids[schema] = [saga.submit(plan, {}).run_id
+                               for _ in range(runs // len(schemas))]
+                saga.leases  # noqa: B018 - the side tables exist before the workers start
         ctx = mp.get_context("spawn")
         barrier, out, release = ctx.Barrier(workers + 1), ctx.Queue(), ctx.Event()
-        procs = [ctx.Process(target=_worker, args=(urls, schema, recorder, commit,
-                                                   concurrency, barrier, out, release))
-                 for _ in range(workers)]
+        procs = [ctx.Process(target=_worker, args=(urls, schemas[i % len(schemas)], recorder,
+                                                   commit, concurrency, barrier, out, release))
+                 for i in range(workers)]
         for p in procs:
             p.start()
         barrier.wait(timeout=120)
@@ -170,10 +182,12 @@ def drain_once(urls: tuple[str, ...], runs: int, steps: int, workers: int, concu
         exit_s = time.perf_counter() - released
         commits = sum(r[1] for r in reports)
         cpu = sum(r[2] for r in reports)  # the worker processes' own, all threads
-        with Saga(_settings(urls, schema, recorder), registry=load_registry([])) as saga:
-            done = sum(saga.get(i).status == "completed" for i in ids)
-            events = sum(len(part.recorder.select_notifications(start=None, limit=10**7))
-                         for part in parts_of(saga.app))
+        done = events = 0
+        for schema in schemas:
+            with Saga(_settings(urls, schema, recorder), registry=load_registry([])) as saga:
+                done += sum(saga.get(i).status == "completed" for i in ids[schema])
+                events += sum(len(part.recorder.select_notifications(start=None, limit=10**7))
+                              for part in parts_of(saga.app))
         if done != runs:
             raise SystemExit(f"only {done} of {runs} runs completed")
         return {"seconds": seconds, "exit_s": exit_s, "runs_per_s": runs / seconds,
@@ -185,7 +199,8 @@ def drain_once(urls: tuple[str, ...], runs: int, steps: int, workers: int, concu
     finally:
         for url in urls:
             with psycopg.connect(url, autocommit=True) as conn:
-                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+                for schema in schemas:
+                    conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,22 +216,28 @@ def main(argv: list[str] | None = None) -> int:
                                              "store partitioned over them")
     parser.add_argument("--commit", default="wait",
                         help="comma-separated commit modes: wait, no-wait")
+    parser.add_argument("--apart", action="store_true",
+                        help="also drain with each worker process on its own schema and "
+                             "share of the runs (sharing nothing but the machine and the "
+                             "server): the scaling the machine allows")
     args = parser.parse_args(argv)
     counts = [int(w) for w in args.workers.split(",")]
     stores: list[tuple[str, ...]] = [(args.pg_url,)]
     if args.partitions:
         urls = tuple(u for u in args.partitions.split(",") if u)
         stores = [urls[:1], urls]
-    configs = [(store, m, w) for store in stores for m in args.commit.split(",")
-               for w in counts]
-    samples: dict[tuple[tuple[str, ...], str, int], list[dict[str, Any]]] = {
+    configs = [(store, m, w, apart) for store in stores for m in args.commit.split(",")
+               for w in counts for apart in ((False, True) if args.apart and w > 1
+                                             else (False,))]
+    samples: dict[tuple[tuple[str, ...], str, int, bool], list[dict[str, Any]]] = {
         c: [] for c in configs}
     for r in range(args.repeats):
-        for store, m, w in (configs if r % 2 == 0 else configs[::-1]):  # interleaved
+        for store, m, w, apart in (configs if r % 2 == 0 else configs[::-1]):  # interleaved
             s = drain_once(store, args.runs, args.steps, w, args.concurrency, args.recorder,
-                           m)
-            samples[(store, m, w)].append(s)
-            print(f"[drain] repeat {r + 1}: {len(store)} database(s), {m}, {w} worker(s): "
+                           m, apart)
+            samples[(store, m, w, apart)].append(s)
+            print(f"[drain] repeat {r + 1}: {len(store)} database(s), {m}, {w} worker(s)"
+                  f"{', apart' if apart else ''}: "
                   f"{s['seconds']:.2f} s, {s['runs_per_s']:.0f} runs/s, "
                   f"{s['events_per_s']:.0f} events/s, {s['commits']} commits, "
                   f"{s['cpu_ms_per_run']:.2f} ms of worker CPU per run, "
@@ -229,16 +250,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{args.runs} runs of a {args.steps}-step noop chain, concurrency "
           f"{args.concurrency} per worker, recorder {args.recorder}, "
           f"{args.repeats} interleaved repeats (median [min..max])\n")
-    print(f"| databases | commit | worker processes | runs/s | events/s | commits "
+    print(f"| databases | commit | worker processes | runs | runs/s | events/s | commits "
           f"| worker CPU ms per run | server CPU ms per run | machine busy "
           f"| × {len(base[0])} database, {base[1]}, {base[2]} "
           "worker(s) |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for c in configs:
         rps = [s["runs_per_s"] for s in samples[c]]
         ratios = [a["runs_per_s"] / b["runs_per_s"]
                   for a, b in zip(samples[c], samples[base], strict=True)]
-        print(f"| {len(c[0])} | {c[1]} | {c[2]} | {_spread(rps)} "
+        print(f"| {len(c[0])} | {c[1]} | {c[2]} | {'apart' if c[3] else 'shared'} "
+              f"| {_spread(rps)} "
               f"| {_spread([s['events_per_s'] for s in samples[c]])} "
               f"| {statistics.median(s['commits'] for s in samples[c]):.0f} "
               f"| {_spread([s['cpu_ms_per_run'] for s in samples[c]], 2)} "
