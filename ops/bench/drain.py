@@ -222,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
                              "server): the scaling the machine allows")
     args = parser.parse_args(argv)
     counts = [int(w) for w in args.workers.split(",")]
+    uneven = [w for w in counts if args.apart and w > 1 and args.runs % w]
+    if uneven:  # before any drain: a long benchmark must not stop half way
+        parser.error(f"--apart: {args.runs} runs do not split evenly over {uneven[0]} workers")
     stores: list[tuple[str, ...]] = [(args.pg_url,)]
     if args.partitions:
         urls = tuple(u for u in args.partitions.split(",") if u)
