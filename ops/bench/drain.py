@@ -143,8 +143,8 @@ def drain_once(urls: tuple[str, ...], runs: int, steps: int, workers: int, concu
     from saga.tools import load_registry
     name = f"drain_{uuid.uuid4().hex[:10]}"
     schemas = [f"{name}_{i}" for i in range(workers)] if apart else [name]
-    if runs % len(schemas):
-        raise SystemExit(f"--apart: {runs} runs do not split evenly over {workers} workers")
+    if runs % len(schemas):  # main() refuses such arguments before any drain
+        raise ValueError(f"{runs} runs do not split evenly over {workers} workers")
     ids: dict[str, list[str]] = {}
     try:
         for schema in schemas:

@@ -98,11 +98,11 @@ class Worker:
         self._loaded: dict[str, Run] = {}
         self._appends = app.claims_with_append()  # its leases ride on its appends
         self._followed = float("-inf")  # when a look last read the log (monotonic)
+        #: Whether any queue limits its drives or starts (its runs are claimed apart).
+        self._limits = any(limit.limited for limit in self.queues.values())
         #: Whether every look reads the log: a claim that passes over ended runs needs
         #: saga's PostgreSQL recorder, and a queue's limits count what the log says (a
         #: run started and finished elsewhere meanwhile must not count as a start here).
-        #: Whether any queue limits its drives or starts (its runs are claimed apart).
-        self._limits = any(limit.limited for limit in self.queues.values())
         self._follow_always = not self._appends or self._limits
         self._stopping: asyncio.Event | None = None
         self._running: tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None = None
@@ -365,8 +365,8 @@ class Worker:
 
     def _queue_of(self, run_id: str) -> tuple[str, QueueLimit | None, bool]:
         """A run's queue, that queue's limits, and whether claiming it starts the run."""
-        followed = self.index.runs.get(run_id)
         queue = self.index.queue_of(run_id)
+        followed = self.index.runs.get(run_id)
         return queue, self.queues.get(queue), followed is None or not followed.begun
 
     def _claim(self, run_id: str, queue: str, limit: QueueLimit, start: bool,
