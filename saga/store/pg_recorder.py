@@ -51,8 +51,10 @@ readers poll :meth:`select_notifications`.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
+from uuid import UUID
 
 from eventsourcing.persistence import (
     IntegrityError,
@@ -79,6 +81,7 @@ from saga.store.leases import (
     claim_sql,
     release_sql,
 )
+from saga.store.prepared import PreparedStatements, numbered
 
 if TYPE_CHECKING:
     import tenacity
@@ -90,6 +93,7 @@ ORDINAL_BITS = 20
 MAX_EVENTS_PER_INSERT = (1 << ORDINAL_BITS) - 1
 #: Inserts of up to this many events pass a row of parameters per event, larger ones arrays.
 VALUES_UP_TO = 16
+_INT8 = struct.Struct(">q")
 
 
 def _catalog_race(e: BaseException) -> bool:
@@ -119,6 +123,9 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
         self._run_statements: dict[str | None, bytes] = {}
         self._page_statements: dict[tuple[bool, bool, bool, bool, bool], bytes] = {}
         self._claim_statements: dict[tuple[bool, str | None], bytes] = {}
+        #: The small inserts' names and statements as libpq takes them (see _insert_few).
+        self._raw_statements: dict[tuple[int, bool, bool], tuple[bytes, bytes]] = {}
+        self._prepared = PreparedStatements()
         qualified = ".".join('"' + name.replace('"', '""') + '"'
                              for name in (self.datastore.schema, self.events_table_name))
         # The lowest transaction id that may still add a row (see the module docs):
@@ -241,14 +248,12 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
         if len(stored_events) > MAX_EVENTS_PER_INSERT:
             raise ProgrammingError(f"at most {MAX_EVENTS_PER_INSERT} events per insert")
         count = len(stored_events)
-        params: Sequence[Any]
         if count <= VALUES_UP_TO:
-            params = [field for e in stored_events for field in
-                      (e.originator_id, e.originator_version, e.topic, e.state)]
-        else:
-            params = ([e.originator_id for e in stored_events],
-                      [e.originator_version for e in stored_events],
-                      [e.topic for e in stored_events], [e.state for e in stored_events])
+            return self._insert_few(stored_events, lease, release)
+        params: Sequence[Any] = (
+            [e.originator_id for e in stored_events],
+            [e.originator_version for e in stored_events],
+            [e.topic for e in stored_events], [e.state for e in stored_events])
         statement = self._insert_statement(count, claim=lease is not None,
                                            release=release is not None)
         if lease is not None:
@@ -262,11 +267,54 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
             curs.execute(statement, params, prepare=True, binary=True)
             ids = [row[0] for row in curs.fetchall()]
             if lease is not None and not ids:
-                curs.execute(SQL("SELECT worker FROM {0} WHERE run_id = %s").format(
-                    self._leases), (lease.run_id,))
-                row = curs.fetchone()
-                raise LeaseHeldError(lease.run_id, row[0] if row else "unknown")
+                raise self._held(curs, lease)
             return ids
+
+    def _insert_few(self, stored_events: Sequence[StoredEvent], lease: LeaseClaim | None,
+                    release: LeaseRelease | None) -> list[int]:
+        """:meth:`insert_events` of a step's few events (most appends), straight through
+        libpq: psycopg's cursor layers (the query's conversion, its dumpers, the
+        prepared-statement bookkeeping) cost about as much CPU as the rest of a step's
+        append (one 2-event insert: 0.13 ms against 0.09 here). The events' fields go in
+        binary, as the cursor sent them; a lease's fields in text, typed by the server."""
+        key = (len(stored_events), lease is not None, release is not None)
+        raw = self._raw_statements.get(key)
+        if raw is None:
+            raw = self._raw_statements[key] = (b"saga_insert_%d_%d_%d" % key,
+                                               numbered(self._insert_statement(*key)))
+        uuids = self._id_type == "uuid"
+        params: list[bytes | None] = []
+        if lease is not None:
+            params += [lease.run_id.encode(), lease.worker.encode(),
+                       repr(lease.expires_at).encode(),
+                       None if lease.queue is None else lease.queue.encode(),
+                       repr(lease.now).encode()]
+        elif release is not None:
+            params += [release.worker.encode(), release.run_id.encode()]
+        text = len(params)
+        for e in stored_events:
+            run = e.originator_id
+            params += [(run if isinstance(run, UUID) else UUID(str(run))).bytes if uuids
+                       else str(run).encode(), _INT8.pack(e.originator_version),
+                       e.topic.encode(), bytes(e.state)]
+        formats = [0] * text + [1] * (len(params) - text)
+        with self.datastore.get_connection() as conn:
+            assert conn.autocommit
+            result = self._prepared.run(conn, *raw, params, formats)
+            ids = [_INT8.unpack(result.get_value(row, 0) or b"")[0]
+                   for row in range(result.ntuples)]
+            if lease is not None and not ids:
+                with conn.cursor(row_factory=tuple_row) as curs:
+                    raise self._held(curs, lease)
+            return ids
+
+    def _held(self, curs: Any, lease: LeaseClaim) -> LeaseHeldError:
+        """The error of an append whose claim of ``lease`` another worker's lease
+        refused, naming that worker."""
+        curs.execute(SQL("SELECT worker FROM {0} WHERE run_id = %s").format(self._leases),
+                     (lease.run_id,))
+        row = curs.fetchone()
+        return LeaseHeldError(lease.run_id, row[0] if row else "unknown")
 
     # -- reading ---------------------------------------------------------------------
 

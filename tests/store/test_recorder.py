@@ -45,11 +45,12 @@ except ImportError:  # the library's test module imports its AES cipher (pycrypt
 from eventsourcing.tests.persistence import ApplicationRecorderTestCase
 
 
-def _datastore(schema: str, pool: int = 4) -> PostgresDatastore:
+def _datastore(schema: str, pool: int = 4, overflow: int = 4) -> PostgresDatastore:
     info = psycopg.conninfo.conninfo_to_dict(PG_URL)
     return PostgresDatastore(dbname=str(info["dbname"]), host=str(info["host"]),
                              port=str(info.get("port", 5432)), user=str(info["user"]),
-                             password="", schema=schema, pool_size=pool, max_overflow=4)
+                             password="", schema=schema, pool_size=pool,
+                             max_overflow=overflow)
 
 
 def _new_schema() -> str:
@@ -64,9 +65,9 @@ def _drop(schema: str) -> None:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
-def _recorder(schema: str, pool: int = 4, *,
+def _recorder(schema: str, pool: int = 4, *, overflow: int = 4,
               kind: type[XidOrderedRecorder] = XidOrderedRecorder) -> XidOrderedRecorder:
-    recorder = kind(_datastore(schema, pool), events_table_name="saga_events")
+    recorder = kind(_datastore(schema, pool, overflow), events_table_name="saga_events")
     recorder.create_table()
     return recorder
 
@@ -160,6 +161,37 @@ def test_ids_follow_the_inserting_transaction(schema: str, count: int,
         stored = recorder.select_events(run)
         assert [(e.originator_version, e.topic, e.state) for e in stored] == \
             [(e.originator_version, e.topic, e.state) for e in events]
+    finally:
+        recorder.datastore.close()
+
+
+@pytest.mark.parametrize("statement", ["DEALLOCATE ALL", "ROLLBACK"])
+def test_a_small_insert_outlives_the_connection_dropping_its_statements(
+        schema: str, statement: str) -> None:
+    """A step's insert goes through a statement saga prepares on each connection. psycopg
+    drops every prepared statement of a connection after a ROLLBACK or a DEALLOCATE ALL
+    on it: the next insert on that connection prepares its statement again and stores
+    its events once."""
+    recorder = _recorder(schema, pool=1, overflow=0)  # one connection
+    try:
+        run = uuid4()
+        first = recorder.insert_events([StoredEvent(run, 1, "t1", b"one")])
+        ours = "SELECT count(*) AS n FROM pg_prepared_statements WHERE name LIKE 'saga_insert_%'"
+        with recorder.datastore.get_connection() as conn:
+            assert conn.execute(ours).fetchone() == {"n": 1}
+            if statement == "ROLLBACK":  # psycopg then deallocates all, as it has one
+                conn.execute("SELECT 1", prepare=True)
+                conn.execute("BEGIN")
+            conn.execute(statement)
+            conn.execute("SELECT 1")  # psycopg's DEALLOCATE ALL goes before it
+            assert conn.execute(ours).fetchone() == {"n": 0}
+        second = recorder.insert_events([StoredEvent(run, 2, "t2", b"two"),
+                                         StoredEvent(run, 3, "t3", b"three")])
+        assert first is not None and second is not None and len(second) == 2
+        assert [(e.originator_version, e.state) for e in recorder.select_events(run)] == [
+            (1, b"one"), (2, b"two"), (3, b"three")]
+        with pytest.raises(IntegrityError):  # a failed statement is the library's error
+            recorder.insert_events([StoredEvent(run, 3, "t3", b"again")])
     finally:
         recorder.datastore.close()
 
