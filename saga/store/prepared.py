@@ -10,6 +10,7 @@ given) without them.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import weakref
 from typing import Any
@@ -50,7 +51,9 @@ class PreparedStatements:
         for again in (False, True):
             if name not in names:
                 pgconn.send_prepare(name, query)
-                _check(conn, conn.wait(execute(pgconn))[-1], pq.ExecStatus.COMMAND_OK)
+                # Already there: prepared by a call whose end this process did not see.
+                with contextlib.suppress(errors.DuplicatePreparedStatement):
+                    _check(conn, conn.wait(execute(pgconn))[-1], pq.ExecStatus.COMMAND_OK)
                 names.add(name)
             pgconn.send_query_prepared(name, params, param_formats=formats,
                                        result_format=pq.Format.BINARY)

@@ -15,7 +15,12 @@ from uuid import uuid4
 
 import psycopg
 import pytest
-from eventsourcing.persistence import IntegrityError, ProgrammingError, StoredEvent
+from eventsourcing.persistence import (
+    DataError,
+    IntegrityError,
+    ProgrammingError,
+    StoredEvent,
+)
 from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 
 from saga.api import Saga
@@ -288,6 +293,37 @@ def test_reader_stops_waiting_for_a_transaction_whose_backend_died(schema: str) 
         assert recorder.max_notification_id() == later[0]
     finally:
         conn.close()
+        recorder.datastore.close()
+
+
+@pytest.mark.parametrize("count", [1, VALUES_UP_TO + 1])  # through libpq, and the cursor
+def test_an_append_stores_a_leases_text_as_given_and_refuses_a_nul(schema: str,
+                                                                    count: int) -> None:
+    """Both forms of the insert store a claimed lease's worker and queue as given
+    (non-ASCII text in the connection's encoding, the expiry exactly), and refuse a NUL
+    in them rather than cutting the text there."""
+    recorder = _recorder(schema)
+    try:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f'SET search_path TO "{schema}"')
+            conn.execute(LEASE_DDL[0])
+        now = time.time()
+        oid = uuid4()
+        events = [StoredEvent(oid, v, "t", b"s") for v in range(1, count + 1)]
+        recorder.insert_events(events, lease=LeaseClaim(str(oid), "wörker", now + 30.25,
+                                                        "qué", now))
+        with psycopg.connect(PG_URL) as conn:
+            row = conn.execute(f'SELECT worker, queue, expires_at FROM "{schema}".saga_leases'
+                               " WHERE run_id = %s", (str(oid),)).fetchone()
+        assert row == ("wörker", "qué", now + 30.25)
+        other = uuid4()
+        with pytest.raises(DataError):
+            recorder.insert_events([StoredEvent(other, v, "t", b"s")
+                                    for v in range(1, count + 1)],
+                                   lease=LeaseClaim(str(other), "me\x00evil", now + 30,
+                                                    None, now))
+        assert recorder.select_events(other) == []
+    finally:
         recorder.datastore.close()
 
 
