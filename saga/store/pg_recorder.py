@@ -152,8 +152,8 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
     def _insert_statement(self, count: int, claim: bool = False,
                           release: bool = False) -> bytes:
         """The insert of ``count`` events, rendered once per count: a few events (a step's
-        save) are one row of parameters each, which psycopg adapts in a fraction of the
-        time four arrays take; a larger batch (a group commit) passes arrays. The events
+        save) are one row of parameters each, sent through libpq (see :meth:`_insert_few`);
+        a larger batch (a group commit) passes arrays through psycopg's cursor. The events
         go in binary: psycopg adapts a batch's arrays in an eighth of the time text takes
         (128 events: 0.11 ms against 0.80 here), and a state is not escaped. ``claim``:
         the statement first claims a run's lease (as

@@ -47,27 +47,30 @@ class PreparedStatements:
         names = self._prepared.get(conn)
         if names is None:
             names = self._prepared[conn] = set()
-        pgconn = conn.pgconn
-        for again in (False, True):
-            if name not in names:
-                pgconn.send_prepare(name, query)
-                # Already there: prepared by a call whose end this process did not see.
-                with contextlib.suppress(errors.DuplicatePreparedStatement):
-                    _check(conn, conn.wait(execute(pgconn))[-1], pq.ExecStatus.COMMAND_OK)
-                names.add(name)
-            pgconn.send_query_prepared(name, params, param_formats=formats,
-                                       result_format=pq.Format.BINARY)
-            result = conn.wait(execute(pgconn))[-1]
-            try:
-                return _check(conn, result, pq.ExecStatus.TUPLES_OK)
-            except errors.InvalidSqlStatementName:
-                # psycopg deallocates every statement prepared on a connection after a
-                # ROLLBACK or a DROP there (to clear its own cache): prepare it again,
-                # once. The statement did not run, so running it now runs it once.
-                names.discard(name)
-                if again:
-                    raise
-        raise AssertionError("unreachable")
+        try:
+            return _execute(conn, names, name, query, params, formats)
+        except errors.InvalidSqlStatementName:
+            # psycopg deallocates every statement prepared on a connection after a
+            # ROLLBACK or a DROP there (to clear its own cache): prepare it again, once.
+            # The statement did not run, so running it now runs it once.
+            names.discard(name)
+            return _execute(conn, names, name, query, params, formats)
+
+
+def _execute(conn: Connection[Any], names: set[bytes], name: bytes, query: bytes,
+             params: list[bytes | None], formats: list[int]) -> pq.abc.PGresult:
+    """One try: prepare ``name`` unless ``names`` (those prepared on ``conn``) has it,
+    then execute it."""
+    pgconn = conn.pgconn
+    if name not in names:
+        pgconn.send_prepare(name, query)
+        # Already there: prepared by a call whose end this process did not see.
+        with contextlib.suppress(errors.DuplicatePreparedStatement):
+            _check(conn, conn.wait(execute(pgconn))[-1], pq.ExecStatus.COMMAND_OK)
+        names.add(name)
+    pgconn.send_query_prepared(name, params, param_formats=formats,
+                               result_format=pq.Format.BINARY)
+    return _check(conn, conn.wait(execute(pgconn))[-1], pq.ExecStatus.TUPLES_OK)
 
 
 def _check(conn: Connection[Any], result: pq.abc.PGresult,
