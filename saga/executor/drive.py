@@ -195,12 +195,15 @@ class Drive:
         while True:
             before = (len(self.run.pending_events), len(launches))
             launches += self._waits()
-            for action in scheduler.decide(self.plan, self.run):
+            actions = scheduler.decide(self.plan, self.run)
+            for action in actions:
                 launch = self._apply(action)
                 if launch is not None:
                     launches.append(launch)
                 if isinstance(action, scheduler.FailStep):
                     break  # a failure changes what may start (fail_fast): decide again
+            if scheduler.settles(self.plan, actions):
+                return launches  # asking again would find nothing (and costs a decision)
             if before == (len(self.run.pending_events), len(launches)) or self.run.is_finished:
                 return launches
 

@@ -54,7 +54,7 @@ __all__ = [
     "compensation_order", "confirmation_message", "confirmation_timeout", "decide",
     "heal_decision", "interrupted",
     "is_loop_parent", "layer_report", "max_attempts", "namespace", "retry_decision",
-    "retry_pending",
+    "retry_pending", "settles",
 ]
 
 
@@ -73,6 +73,28 @@ def decide(plan: Plan, run: Run) -> list[Action]:
     if run.paused:
         return [a for a in actions if not isinstance(a, _WORK)]
     return actions
+
+
+def settles(plan: Plan, actions: list[Action]) -> bool:
+    """Whether a run that has just recorded ``actions`` (all that :func:`decide`
+    returned) has nothing new to decide, so its executor need not ask again.
+
+    True when each action starts an attempt of a plain step of a step list (no loop,
+    repeat, sleep or signal wait). Such a start only marks its step running: a running
+    step finishes nothing, so it readies no dependent, frees no slot and ends no run,
+    and :func:`decide` returned every start the run's state allowed. Any other action,
+    or a step of a graph (whose transitions have rules of their own), may lead to more,
+    and the run is decided again."""
+    if not actions or plan.form == "graph":
+        return False
+    for action in actions:
+        if type(action) is not StartStep or action.iteration != 0:
+            return False
+        step = plan.step(action.step_id)
+        if step.loop is not None or step.until is not None or step.sleep is not None \
+                or step.signal is not None:
+            return False
+    return True
 
 
 def _timed_out(plan: Plan, run: Run) -> list[Action]:

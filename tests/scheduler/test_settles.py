@@ -1,0 +1,150 @@
+"""``scheduler.settles``: when it says a decision leaves nothing new to decide, deciding
+again finds nothing.
+
+The executor skips the second decision after one that ``settles`` (the start of plain
+steps), so a wrong "settled" would leave a ready step unstarted until something else
+happened. Generated step lists (dependencies or list order, loops, repeats, conditions,
+approvals, retries, ``on_error: continue``, compensations, sleeps, signal waits, failure
+strategies, concurrency limits) are driven in memory by a stand-in for the executor that records
+what ``decide`` returns and completes or fails the attempts in flight as hypothesis
+draws. After every decision that settles, once recorded, ``decide`` must return nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from saga import scheduler
+from saga.composition import compile_any
+from saga.domain import Run
+from saga.scheduler import CompensateStep, RequestApproval, RunRemedy, StartStep
+
+KINDS = ["plain", "plain", "plain", "loop", "repeat", "when", "retry", "continue", "confirm",
+         "compensate", "sleep", "signal"]
+UNTIL = "2026-01-01T00:00:00+00:00"
+
+
+@st.composite
+def compositions(draw: st.DrawFn) -> dict[str, Any]:
+    """A step list of 2-6 steps, each of one kind, with dependencies or in list order."""
+    count = draw(st.integers(2, 6))
+    explicit = draw(st.booleans())
+    steps: list[dict[str, Any]] = []
+    for i in range(count):
+        step: dict[str, Any] = {"id": f"s{i}", "tool": "echo", "parameters": {"n": i}}
+        earlier = [f"s{j}" for j in range(i)]
+        deps: list[str] = []
+        if explicit:
+            deps = draw(st.lists(st.sampled_from(earlier), unique=True, max_size=2)) \
+                if earlier else []
+            step["depends_on"] = deps
+        kind = draw(st.sampled_from(KINDS))
+        if kind == "loop":
+            step["loop"] = list(range(draw(st.integers(1, 3))))
+            step["loop_concurrency"] = draw(st.integers(1, 3))
+        elif kind == "repeat":
+            step["until"] = "output.n == 99"  # never: it runs max_iterations times
+            step["max_iterations"] = draw(st.integers(1, 3))
+        elif kind == "when":
+            step["when"] = draw(st.sampled_from(["true", "false"]))
+        elif kind == "retry":
+            step["retry_count"] = draw(st.integers(1, 2))
+        elif kind == "continue":
+            step["on_error"] = "continue"
+        elif kind == "confirm":
+            step["confirm"] = True
+        elif kind == "compensate":
+            step["compensate"] = {"tool": "echo", "args": {"undo": i}}
+        elif kind == "sleep":
+            del step["tool"], step["parameters"]
+            step["sleep"] = 5
+        elif kind == "signal":
+            del step["tool"], step["parameters"]
+            step.update(signal="go", timeout=30)
+        steps.append(step)
+    return {"name": "settles", "steps": steps,
+            "max_concurrency": draw(st.integers(1, 3)),
+            "error_handling": {
+                "failure_strategy": draw(st.sampled_from(
+                    ["fail_fast", "partial_success", "rollback", "retry"])),
+                "rollback_on_failure": draw(st.booleans())}}
+
+
+def _record(plan: Any, run: Run, actions: list[Any], undoing: list[CompensateStep]) -> None:
+    """What the executor records for each action (a compensation's call is in flight
+    until an outcome below records it, and is not made twice meanwhile)."""
+    for action in actions:
+        if isinstance(action, CompensateStep):
+            if all((u.step_id, u.iteration) != (action.step_id, action.iteration)
+                   for u in undoing):
+                undoing.append(action)
+        elif isinstance(action, RequestApproval):
+            run.request_approval(action.step_id, action.message, None)
+        elif isinstance(action, RunRemedy):  # no step here heals
+            raise AssertionError(f"unexpected {action}")
+        else:
+            action.record(run, "w")
+        step = plan.step(action.step_id) if isinstance(action, StartStep) else None
+        if step is not None and (step.sleep is not None or step.signal is not None):
+            run.wait(action.step_id, action.iteration, UNTIL, step.signal)
+        if isinstance(action, scheduler.FailStep):
+            return  # the executor decides again at once after a failure
+
+
+@settings(max_examples=300, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(definition=compositions(), data=st.data())
+def test_a_decision_that_settles_leaves_nothing_to_decide(definition: dict[str, Any],
+                                                          data: st.DataObject) -> None:
+    plan = compile_any(definition)
+    run = Run.begin(plan.record(), plan.digest(), {}, {"actor": "t", "mode": "normal"}, {},
+                    run_id="00000000-0000-0000-0000-000000000001")
+    undoing: list[CompensateStep] = []
+    for _ in range(200):
+        before = (len(run.pending_events), len(undoing))
+        actions = scheduler.decide(plan, run)
+        _record(plan, run, actions, undoing)
+        if scheduler.settles(plan, actions):
+            assert scheduler.decide(plan, run) == [], (definition, actions)
+        if before != (len(run.pending_events), len(undoing)):
+            continue  # as the executor does: decide again until nothing new
+        if run.is_finished:
+            break
+        # Nothing new to decide: an outcome arrives (a call returns, a person answers).
+        running = [s for s in run.steps.values() if s["status"] == "running"
+                   and not s.get("wait") and not scheduler.is_loop_parent(plan, s)]
+        choices: list[tuple[str, Any]] = [("step", s) for s in running]
+        choices += [("undo", u) for u in undoing]
+        choices += [("approval", step_id) for step_id in run.pending_approvals]
+        choices += [("wait", s) for s in run.steps.values()
+                    if s["status"] == "running" and s.get("wait")]
+        if any(plan.step(i).signal for i in plan.order) and len(run.signals) < 3:
+            choices.append(("signal", None))  # sent before or while a step waits
+        assert choices, f"stuck: {definition}"
+        kind, what = data.draw(st.sampled_from(choices))
+        if kind == "undo":
+            undoing.remove(what)
+            run.compensated(what.step_id, what.iteration, None)
+        elif kind == "approval":
+            run.decide_approval(what, data.draw(st.booleans()), "t")
+        elif kind == "signal":
+            run.receive_signal("go", {"n": len(run.signals)}, "t")
+        elif kind == "wait":  # a sleep ends, or a signal wait times out
+            if what["wait"]["signal"] is None:
+                run.complete_step(what["step_id"], what["iteration"], what["attempt"],
+                                  {"slept_until": UNTIL}, 1)
+            else:
+                run.fail_step(what["step_id"], what["iteration"], what["attempt"],
+                              "SignalTimeout", "no signal", False, None)
+        elif data.draw(st.booleans()):
+            run.complete_step(what["step_id"], what["iteration"], what["attempt"],
+                              {"n": 0}, 1)
+        else:
+            retry = scheduler.retry_decision(plan, what["step_id"], what["attempt"],
+                                             "ToolError")
+            run.fail_step(what["step_id"], what["iteration"], what["attempt"], "ToolError",
+                          "boom", retry, UNTIL if retry else None)
+    assert run.is_finished, f"no end in 200 turns: {definition}"
