@@ -202,8 +202,8 @@ class Drive:
                     launches.append(launch)
                 if isinstance(action, scheduler.FailStep):
                     break  # a failure changes what may start (fail_fast): decide again
-            if scheduler.settles(self.plan, actions):
-                return launches  # asking again would find nothing (and costs a decision)
+            if scheduler.nothing_follows(self.plan, actions):
+                return launches  # deciding again would find nothing new (at a decision's cost)
             if before == (len(self.run.pending_events), len(launches)) or self.run.is_finished:
                 return launches
 

@@ -53,8 +53,8 @@ __all__ = [
     "RequestApproval", "RunRemedy", "SkipStep", "StartCompensation", "StartLoop", "StartStep",
     "compensation_order", "confirmation_message", "confirmation_timeout", "decide",
     "heal_decision", "interrupted",
-    "is_loop_parent", "layer_report", "max_attempts", "namespace", "retry_decision",
-    "retry_pending", "settles",
+    "is_loop_parent", "layer_report", "max_attempts", "namespace", "nothing_follows",
+    "retry_decision", "retry_pending",
 ]
 
 
@@ -75,24 +75,29 @@ def decide(plan: Plan, run: Run) -> list[Action]:
     return actions
 
 
-def settles(plan: Plan, actions: list[Action]) -> bool:
-    """Whether a run that has just recorded ``actions`` (all that :func:`decide`
-    returned) has nothing new to decide, so its executor need not ask again.
+def nothing_follows(plan: Plan, actions: list[Action]) -> bool:
+    """Whether recording ``actions`` (what :func:`decide` just returned) leaves nothing
+    new to decide, so the executor need not decide again before it acts on them.
 
-    True when each action starts an attempt of a plain step of a step list (no loop,
-    repeat, sleep or signal wait). Such a start only marks its step running: a running
-    step finishes nothing, so it readies no dependent, frees no slot and ends no run,
-    and :func:`decide` returned every start the run's state allowed. Any other action,
-    or a step of a graph (whose transitions have rules of their own), may lead to more,
-    and the run is decided again."""
+    True when each action starts an attempt of a step of a step list that neither sleeps
+    (its wait is timed by the executor's next look at the waits) nor waits for a signal
+    (one already received would complete it at once): a tool, compute or ``use:`` step,
+    or an iteration of a loop or a repeat. Such a start only marks its step running, and
+    a running step finishes nothing: it readies no dependent, frees no slot and ends no
+    run, and :func:`decide` returned every start the run's state allowed (a loop's
+    iterations up to its limits). A retry that is not due yet is not recorded by the
+    executor; deciding again would return the same start, nothing new. Any other action
+    may lead to more, and the run is decided again; so is every decision of a graph,
+    whose transitions have rules of their own that neither this reasoning nor its
+    tests (``tests/scheduler/test_nothing_follows.py``, ``tests/executor/test_advance.py``)
+    cover."""
     if not actions or plan.form == "graph":
         return False
     for action in actions:
-        if type(action) is not StartStep or action.iteration != 0:
+        if type(action) is not StartStep:
             return False
         step = plan.step(action.step_id)
-        if step.loop is not None or step.until is not None or step.sleep is not None \
-                or step.signal is not None:
+        if step.sleep is not None or step.signal is not None:
             return False
     return True
 

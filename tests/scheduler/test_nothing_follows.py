@@ -1,13 +1,16 @@
-"""``scheduler.settles``: when it says a decision leaves nothing new to decide, deciding
-again finds nothing.
+"""``scheduler.nothing_follows``: when it says recording a decision leaves nothing new to
+decide, deciding again finds nothing new.
 
-The executor skips the second decision after one that ``settles`` (the start of plain
-steps), so a wrong "settled" would leave a ready step unstarted until something else
-happened. Generated step lists (dependencies or list order, loops, repeats, conditions,
-approvals, retries, ``on_error: continue``, compensations, sleeps, signal waits, failure
-strategies, concurrency limits) are driven in memory by a stand-in for the executor that records
-what ``decide`` returns and completes or fails the attempts in flight as hypothesis
-draws. After every decision that settles, once recorded, ``decide`` must return nothing.
+The executor does not decide again after such a decision (the start of plain steps), so
+a wrong answer would leave a ready step unstarted until something else happened.
+Generated step lists (dependencies or list order, loops, repeats, conditions, approvals,
+retries, ``on_error: continue``, compensations, sleeps, signal waits, failure
+strategies, concurrency limits) are driven in memory by a stand-in for the executor that
+records what ``decide`` returns (a retry when it is due, as the executor's timer does)
+and returns or fails the calls in flight as hypothesis draws. After every decision that
+``nothing_follows``, once recorded, ``decide`` must return nothing but the retries not
+due yet. What the executor itself then records and launches is checked against deciding
+until nothing changes in ``tests/executor/test_advance.py``.
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ def compositions(draw: st.DrawFn) -> dict[str, Any]:
             del step["tool"], step["parameters"]
             step.update(signal="go", timeout=30)
         steps.append(step)
-    return {"name": "settles", "steps": steps,
+    return {"name": "nothing-follows", "steps": steps,
             "max_concurrency": draw(st.integers(1, 3)),
             "error_handling": {
                 "failure_strategy": draw(st.sampled_from(
@@ -73,10 +76,26 @@ def compositions(draw: st.DrawFn) -> dict[str, Any]:
                 "rollback_on_failure": draw(st.booleans())}}
 
 
-def _record(plan: Any, run: Run, actions: list[Any], undoing: list[CompensateStep]) -> None:
+Attempt = tuple[str, int, int]
+
+
+def _attempt(action: StartStep) -> Attempt:
+    return (action.step_id, action.iteration, action.attempt)
+
+
+def _not_due(action: Any, due: set[Attempt]) -> bool:
+    """A retry whose time has not come: the executor sets a timer and records nothing."""
+    return isinstance(action, StartStep) and action.not_before is not None \
+        and _attempt(action) not in due
+
+
+def _record(plan: Any, run: Run, actions: list[Any], undoing: list[CompensateStep],
+            due: set[Attempt]) -> None:
     """What the executor records for each action (a compensation's call is in flight
     until an outcome below records it, and is not made twice meanwhile)."""
     for action in actions:
+        if _not_due(action, due):
+            continue
         if isinstance(action, CompensateStep):
             if all((u.step_id, u.iteration) != (action.step_id, action.iteration)
                    for u in undoing):
@@ -97,18 +116,20 @@ def _record(plan: Any, run: Run, actions: list[Any], undoing: list[CompensateSte
 @settings(max_examples=300, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(definition=compositions(), data=st.data())
-def test_a_decision_that_settles_leaves_nothing_to_decide(definition: dict[str, Any],
-                                                          data: st.DataObject) -> None:
+def test_after_a_decision_nothing_follows_deciding_again_finds_nothing_new(
+        definition: dict[str, Any], data: st.DataObject) -> None:
     plan = compile_any(definition)
     run = Run.begin(plan.record(), plan.digest(), {}, {"actor": "t", "mode": "normal"}, {},
                     run_id="00000000-0000-0000-0000-000000000001")
     undoing: list[CompensateStep] = []
+    due: set[Attempt] = set()  # retries whose time has come
     for _ in range(200):
         before = (len(run.pending_events), len(undoing))
         actions = scheduler.decide(plan, run)
-        _record(plan, run, actions, undoing)
-        if scheduler.settles(plan, actions):
-            assert scheduler.decide(plan, run) == [], (definition, actions)
+        _record(plan, run, actions, undoing, due)
+        if scheduler.nothing_follows(plan, actions):
+            again = [a for a in scheduler.decide(plan, run) if not _not_due(a, due)]
+            assert again == [], (definition, actions)
         if before != (len(run.pending_events), len(undoing)):
             continue  # as the executor does: decide again until nothing new
         if run.is_finished:
@@ -119,6 +140,8 @@ def test_a_decision_that_settles_leaves_nothing_to_decide(definition: dict[str, 
         choices: list[tuple[str, Any]] = [("step", s) for s in running]
         choices += [("undo", u) for u in undoing]
         choices += [("approval", step_id) for step_id in run.pending_approvals]
+        choices += [("due", _attempt(a)) for a in scheduler.decide(plan, run)
+                    if _not_due(a, due)]
         choices += [("wait", s) for s in run.steps.values()
                     if s["status"] == "running" and s.get("wait")]
         if any(plan.step(i).signal for i in plan.order) and len(run.signals) < 3:
@@ -130,6 +153,8 @@ def test_a_decision_that_settles_leaves_nothing_to_decide(definition: dict[str, 
             run.compensated(what.step_id, what.iteration, None)
         elif kind == "approval":
             run.decide_approval(what, data.draw(st.booleans()), "t")
+        elif kind == "due":  # the executor's timer for a retry fires
+            due.add(what)
         elif kind == "signal":
             run.receive_signal("go", {"n": len(run.signals)}, "t")
         elif kind == "wait":  # a sleep ends, or a signal wait times out
