@@ -2,15 +2,14 @@
 decide, deciding again finds nothing new.
 
 The executor does not decide again after such a decision (the start of plain steps), so
-a wrong answer would leave a ready step unstarted until something else happened.
-Generated step lists (dependencies or list order, loops, repeats, conditions, approvals,
-retries, ``on_error: continue``, compensations, sleeps, signal waits, failure
-strategies, concurrency limits) are driven in memory by a stand-in for the executor that
-records what ``decide`` returns (a retry when it is due, as the executor's timer does)
-and returns or fails the calls in flight as hypothesis draws. After every decision that
-``nothing_follows``, once recorded, ``decide`` must return nothing but the retries not
-due yet. What the executor itself then records and launches is checked against deciding
-until nothing changes in ``tests/executor/test_advance.py``.
+a wrong answer would leave a ready step unstarted until something else happened. Step
+lists generated as ``tests/executor/test_advance.py`` generates them (but for auto-heal)
+are driven in memory by a stand-in for the executor that records what ``decide``
+returns (a retry when it is due, as the executor's timer does) and returns or fails the
+calls in flight as hypothesis draws. After every decision that ``nothing_follows``, once
+recorded, ``decide`` must return nothing but the retries not due yet. What the executor
+itself then records and launches is checked against deciding until nothing changes in
+``tests/executor/test_advance.py``.
 """
 
 from __future__ import annotations
@@ -24,56 +23,12 @@ from saga import scheduler
 from saga.composition import compile_any
 from saga.domain import Run
 from saga.scheduler import CompensateStep, RequestApproval, RunRemedy, StartStep
+from tests.executor.test_advance import KINDS as ADVANCE_KINDS
+from tests.executor.test_advance import compositions
 
-KINDS = ["plain", "plain", "plain", "loop", "repeat", "when", "retry", "continue", "confirm",
-         "compensate", "sleep", "signal"]
 UNTIL = "2026-01-01T00:00:00+00:00"
-
-
-@st.composite
-def compositions(draw: st.DrawFn) -> dict[str, Any]:
-    """A step list of 2-6 steps, each of one kind, with dependencies or in list order."""
-    count = draw(st.integers(2, 6))
-    explicit = draw(st.booleans())
-    steps: list[dict[str, Any]] = []
-    for i in range(count):
-        step: dict[str, Any] = {"id": f"s{i}", "tool": "echo", "parameters": {"n": i}}
-        earlier = [f"s{j}" for j in range(i)]
-        deps: list[str] = []
-        if explicit:
-            deps = draw(st.lists(st.sampled_from(earlier), unique=True, max_size=2)) \
-                if earlier else []
-            step["depends_on"] = deps
-        kind = draw(st.sampled_from(KINDS))
-        if kind == "loop":
-            step["loop"] = list(range(draw(st.integers(1, 3))))
-            step["loop_concurrency"] = draw(st.integers(1, 3))
-        elif kind == "repeat":
-            step["until"] = "output.n == 99"  # never: it runs max_iterations times
-            step["max_iterations"] = draw(st.integers(1, 3))
-        elif kind == "when":
-            step["when"] = draw(st.sampled_from(["true", "false"]))
-        elif kind == "retry":
-            step["retry_count"] = draw(st.integers(1, 2))
-        elif kind == "continue":
-            step["on_error"] = "continue"
-        elif kind == "confirm":
-            step["confirm"] = True
-        elif kind == "compensate":
-            step["compensate"] = {"tool": "echo", "args": {"undo": i}}
-        elif kind == "sleep":
-            del step["tool"], step["parameters"]
-            step["sleep"] = 5
-        elif kind == "signal":
-            del step["tool"], step["parameters"]
-            step.update(signal="go", timeout=30)
-        steps.append(step)
-    return {"name": "nothing-follows", "steps": steps,
-            "max_concurrency": draw(st.integers(1, 3)),
-            "error_handling": {
-                "failure_strategy": draw(st.sampled_from(
-                    ["fail_fast", "partial_success", "rollback", "retry"])),
-                "rollback_on_failure": draw(st.booleans())}}
+#: What the stand-in below performs: every kind but auto-heal (its remedies are calls).
+KINDS = [k for k in ADVANCE_KINDS if k != "heal"]
 
 
 Attempt = tuple[str, int, int]
@@ -113,9 +68,9 @@ def _record(plan: Any, run: Run, actions: list[Any], undoing: list[CompensateSte
             return  # the executor decides again at once after a failure
 
 
-@settings(max_examples=300, deadline=None, database=None,
+@settings(max_examples=600, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow])
-@given(definition=compositions(), data=st.data())
+@given(definition=compositions(KINDS), data=st.data())
 def test_after_a_decision_nothing_follows_deciding_again_finds_nothing_new(
         definition: dict[str, Any], data: st.DataObject) -> None:
     plan = compile_any(definition)
