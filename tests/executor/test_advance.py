@@ -39,9 +39,8 @@ KINDS = ["plain", "plain", "plain", "loop", "empty_loop", "repeat", "when", "whe
 
 
 @st.composite
-def compositions(draw: st.DrawFn, kinds: list[str] = KINDS) -> dict[str, Any]:
-    """A step list of 2-6 steps, each of one of ``kinds``, with dependencies or in list
-    order (also used by ``tests/scheduler/test_nothing_follows.py``)."""
+def compositions(draw: st.DrawFn) -> dict[str, Any]:
+    """A step list of 2-6 steps, each of one kind, with dependencies or in list order."""
     count = draw(st.integers(2, 6))
     explicit = draw(st.booleans())
     steps: list[dict[str, Any]] = []
@@ -57,7 +56,7 @@ def compositions(draw: st.DrawFn, kinds: list[str] = KINDS) -> dict[str, Any]:
                 step["parallel_group"] = group
         if draw(st.integers(0, 5)) == 0:
             step["layer"] = draw(st.sampled_from(["enhancement", "execution"]))
-        kind = draw(st.sampled_from(kinds))
+        kind = draw(st.sampled_from(KINDS))
         upstream = earlier[-1] if earlier else None
         if kind in ("when_upstream", "templated") and upstream:
             if explicit and upstream not in step["depends_on"]:
