@@ -25,6 +25,9 @@ GENESIS = ""
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _ENVELOPE = ("originator_id", "originator_version", "timestamp", "originator_topic")
 _DEFAULTS: dict[type, tuple[tuple[str, Any, Any], ...]] = {}
+# One encoder for every hash: json.dumps with options builds a new one at each call.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                              default=str)
 
 
 def json_safe(value: Any) -> Any:
@@ -43,8 +46,7 @@ def json_safe(value: Any) -> Any:
 
 def canonical(value: Any) -> bytes:
     """Canonical JSON, the form every hash covers: sorted keys, no whitespace, UTF-8."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      default=str).encode()
+    return _CANONICAL.encode(value).encode()
 
 
 def definition_hash(data: dict[str, Any]) -> str:

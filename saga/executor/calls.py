@@ -1,6 +1,7 @@
 """What one call of a step, remedy or compensation comes to (:class:`Outcome`), and the
 pieces of performing it that need no drive: retry delays, failures as outcomes, checks
-of what a tool answered, concealing secrets in errors."""
+of what a tool answered, concealing secrets in errors, waiting for the first call to
+end."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from saga import expressions, secrets
 from saga.chain import json_safe
@@ -27,6 +28,33 @@ else:
     tenacity = lazy("tenacity")  # only a retry's wait needs it
 
 _DEFAULT_RETRY = RetryPolicy()
+_Task = TypeVar("_Task", bound="asyncio.Future[Any]")
+
+
+class Wakeup:
+    """``asyncio.wait(..., return_when=FIRST_COMPLETED)`` for a drive, whose tasks are
+    awaited turn after turn: each task is watched once, when it begins, where
+    asyncio.wait adds a callback to every task and removes it again at every turn (5 µs
+    of a noop step's 110 here)."""
+
+    def __init__(self) -> None:
+        self._waiting: asyncio.Future[None] | None = None
+
+    def watch(self, task: _Task) -> _Task:
+        """Wake :meth:`first_done` when ``task`` ends; the task."""
+        task.add_done_callback(self._wake)
+        return task
+
+    def _wake(self, _: asyncio.Future[Any]) -> None:
+        if self._waiting is not None and not self._waiting.done():
+            self._waiting.set_result(None)
+
+    async def first_done(self, tasks: list[asyncio.Future[Any]]) -> list[asyncio.Future[Any]]:
+        """Those of ``tasks`` (each watched) that have ended, once one has."""
+        while not (done := [task for task in tasks if task.done()]):
+            self._waiting = asyncio.get_running_loop().create_future()
+            await self._waiting
+        return done
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,7 @@ class Drive:
         self.remedies: set[tuple[Any, ...]] = set()
         self.compensating: set[str] = set()
         self.wakes: set[str] = set()
+        self.wakeup = calls.Wakeup()  # the loop's wait for its tasks
         #: Set when the drive is to drain (see the class docs); a child run's has none.
         self.stopping = executor.stopping if lease is not None else None
 
@@ -109,8 +110,10 @@ class Drive:
             self.run.take_over(self.x.worker)  # counted first: quarantine reads the count
             for action in scheduler.interrupted(self.plan, self.run):
                 self._apply(action)
-        keeper = asyncio.ensure_future(self._keep_lease()) if self.lease else None
-        stop = None if self.stopping is None else asyncio.ensure_future(self.stopping.wait())
+        watch = self.wakeup.watch
+        keeper = watch(asyncio.ensure_future(self._keep_lease())) if self.lease else None
+        stop = None if self.stopping is None else \
+            watch(asyncio.ensure_future(self.stopping.wait()))
         try:
             return await self._loop(keeper, stop)
         except BaseException:
@@ -142,12 +145,12 @@ class Drive:
                 self._let_waits_go()
             if self.run.is_finished or not self.tasks:
                 return self.run
-            waiting: set[asyncio.Future[Any]] = set(self.tasks)
+            waiting: list[asyncio.Future[Any]] = [*self.tasks]
             if keeper is not None:
-                waiting.add(keeper)
+                waiting.append(keeper)
             if stop is not None and not draining:
-                waiting.add(stop)
-            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                waiting.append(stop)
+            done = await self.wakeup.first_done(waiting)
             if keeper is not None and keeper in done:
                 keeper.result()  # raises LeaseLostError
             for task in done:
@@ -421,7 +424,7 @@ class Drive:
             coro = self._observed("saga.compensate", payload, 1,
                                   self._call_compensation(payload))
             ident = (kind, payload.step_id, payload.iteration, 1)
-        self.tasks[asyncio.ensure_future(coro)] = ident
+        self.tasks[self.wakeup.watch(asyncio.ensure_future(coro))] = ident
 
     async def _observed(self, name: str, action: StartStep | CompensateStep, attempt: int,
                         call: Coroutine[Any, Any, Outcome]) -> Outcome:

@@ -1,0 +1,57 @@
+"""The drive's wait for its first task to end (calls.Wakeup), against asyncio.wait."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from saga.executor.calls import Wakeup
+
+
+async def _after(seconds: float, value: str) -> str:
+    await asyncio.sleep(seconds)
+    return value
+
+
+def test_returns_what_has_ended_once_one_has() -> None:
+    async def main() -> None:
+        wakeup = Wakeup()
+        slow = wakeup.watch(asyncio.ensure_future(_after(10, "slow")))
+        fast = wakeup.watch(asyncio.ensure_future(_after(0, "fast")))
+        also = wakeup.watch(asyncio.ensure_future(_after(0, "also")))
+        done = await wakeup.first_done([slow, fast, also])
+        assert done == [fast, also]  # both ended in the same turn, in the order given
+        expected, _ = await asyncio.wait({slow, fast, also},
+                                         return_when=asyncio.FIRST_COMPLETED)
+        assert set(done) == expected
+        slow.cancel()
+    asyncio.run(main())
+
+
+def test_a_task_not_waited_for_does_not_end_the_wait() -> None:
+    async def main() -> None:
+        wakeup = Wakeup()
+        other = wakeup.watch(asyncio.ensure_future(_after(0, "other")))
+        waited = wakeup.watch(asyncio.ensure_future(_after(0.05, "waited")))
+        assert await wakeup.first_done([waited]) == [waited]
+        assert other.done()  # it ended first, and woke the wait, which went on waiting
+    asyncio.run(main())
+
+
+def test_ended_already_returns_at_once_and_a_cancelled_wait_leaves_no_trace() -> None:
+    async def main() -> None:
+        wakeup = Wakeup()
+        ended = wakeup.watch(asyncio.ensure_future(_after(0, "x")))
+        await ended
+        assert await wakeup.first_done([ended]) == [ended]
+        running = wakeup.watch(asyncio.ensure_future(_after(10, "y")))
+        waiter = asyncio.ensure_future(wakeup.first_done([running]))
+        await asyncio.sleep(0.01)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        running.cancel()  # its callback finds the wait cancelled, and does nothing
+        await asyncio.sleep(0)
+        assert running.cancelled()
+    asyncio.run(main())
