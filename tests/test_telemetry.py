@@ -358,3 +358,19 @@ def test_which_exporters_the_environment_asks_for() -> None:
                               "OTEL_SDK_DISABLED": "true"}) == []
     assert tracing.parse("00-" + "0" * 32 + "-b7ad6b7169203331-01") is None
     assert tracing.NOOP.child("x", {}) is tracing.NOOP and tracing.NOOP.traceparent is None
+
+
+def test_a_scope_changes_only_what_it_names_and_is_undone_after_its_block() -> None:
+    from saga.telemetry import scope
+
+    outer = scope.current()
+    with scope.scoped(run_id="r1", step_id=None) as run:
+        assert (run.run_id, run.step_id, run.span) == ("r1", None, outer.span)
+        with scope.scoped(step_id="s", iteration=2, attempt=1) as call:
+            assert (call.run_id, call.step_id, call.iteration, call.attempt) == \
+                ("r1", "s", 2, 1)
+            assert scope.current() is call
+        assert scope.current() is run
+    assert scope.current() is outer
+    with pytest.raises(TypeError, match="no colour"):
+        scope.scoped(colour="red")

@@ -431,7 +431,8 @@ class Drive:
         """Make a call of a step or compensation inside its span, with the step as the
         log scope; count how long a step's attempt took."""
         tool = getattr(action, "tool", None) or self._tool(action.step_id)
-        span = scope.current().span.child(name, {
+        parent = scope.current().span  # tracing off: its attributes are not made
+        span = parent if parent is tracing.NOOP else parent.child(name, {
             "saga.run_id": self.run.run_id, "saga.definition": self.run.name,
             "saga.step_id": action.step_id, "saga.iteration": action.iteration,
             "saga.attempt": attempt, "saga.tool": tool})

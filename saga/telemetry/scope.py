@@ -8,10 +8,8 @@ read it (:mod:`saga.telemetry.logs`), a nested run records its span as its paren
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields
 from typing import Any
 
 from saga.telemetry.tracing import NOOP, Span
@@ -28,6 +26,7 @@ class Scope:
     span: Span = NOOP
 
 
+_FIELDS = frozenset(f.name for f in fields(Scope))
 _CURRENT: contextvars.ContextVar[Scope] = contextvars.ContextVar(
     "saga_scope", default=Scope())  # noqa: B039 - a frozen dataclass, never mutated
 
@@ -37,11 +36,31 @@ def current() -> Scope:
     return _CURRENT.get()
 
 
-@contextlib.contextmanager
-def scoped(**changes: Any) -> Iterator[Scope]:
+def scoped(**changes: Any) -> Scoped:
     """The current scope with ``changes`` while the block runs (in this task or thread)."""
-    token = _CURRENT.set(replace(_CURRENT.get(), **changes))
-    try:
-        yield _CURRENT.get()
-    finally:
-        _CURRENT.reset(token)
+    if not changes.keys() <= _FIELDS:
+        raise TypeError(f"a scope has no {', '.join(sorted(changes.keys() - _FIELDS))}")
+    return Scoped(changes)
+
+
+class Scoped:
+    """The block of :func:`scoped` (a class, not a generator: each step's call enters
+    one, and contextlib's machinery and ``dataclasses.replace`` took twice as long)."""
+
+    __slots__ = ("changes", "token")
+
+    def __init__(self, changes: dict[str, Any]) -> None:
+        self.changes = changes
+        self.token: contextvars.Token[Scope] | None = None
+
+    def __enter__(self) -> Scope:
+        now, get = _CURRENT.get(), self.changes.get
+        inner = Scope(get("run_id", now.run_id), get("step_id", now.step_id),
+                      get("iteration", now.iteration), get("attempt", now.attempt),
+                      get("span", now.span))
+        self.token = _CURRENT.set(inner)
+        return inner
+
+    def __exit__(self, *_: object) -> None:
+        assert self.token is not None
+        _CURRENT.reset(self.token)
