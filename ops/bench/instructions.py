@@ -1,0 +1,88 @@
+"""Instructions per step of the engine alone, counted by valgrind (callgrind): a measure of
+the engine's own CPU that noise on a shared machine cannot move.
+
+Wall and CPU times on this machine swing by a third from one hour to the next (other
+tenants, CPU steal), so a change worth 3% of a step cannot be told apart from the noise
+by timing it. Counting instructions can: the same code runs the same instructions,
+whatever else the machine does (repeats agree within about 1%).
+
+What is counted: chains of 20 noop steps driven by ``Saga.run`` on SQLite, with each
+turn's events collected instead of appended (as ``bench.py``'s "engine alone"), so no
+store I/O is in it. The process runs twice under callgrind, once with ``--runs`` chains
+more than the other (both warm up the same); the difference over the steps is what one
+step costs, imports and start-up cancelled out.
+
+Usage::
+
+    python ops/bench/instructions.py [--runs 20] [--saga ROOT ...]
+
+``--saga`` names a checkout of saga to count (given more than once, each in turn: for a
+before and after). Needs ``valgrind`` (Debian: ``apt-get install valgrind``); each count
+takes 15–30 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: Run inside callgrind: warm up, then ``N`` more chains of 20 (``N`` from the environment).
+DRIVER = """
+import os, tempfile
+from pathlib import Path
+from saga.api import Saga
+from saga.config import Settings
+from saga.tools import load_registry
+
+steps = [{"id": f"s{i}", "tool": "noop", "depends_on": [f"s{i - 1}"] if i else []}
+         for i in range(20)]
+saga = Saga(Settings(home=Path(tempfile.mkdtemp()), actor="bench"),
+            registry=load_registry([]), worker="bench")
+plan = saga.load({"name": "chain-20", "steps": steps})
+saga.app.save_run = lambda run, claim=None, release=None: run.collect_events()
+for _ in range(3 + int(os.environ["SAGA_BENCH_RUNS"])):
+    run = saga.run(plan, {})
+    assert run.status == "completed", run.status
+"""
+
+
+def count(saga_root: Path, runs: int) -> int:
+    """Instructions (callgrind's ``Ir``) of the driver with ``runs`` extra chains."""
+    env = {**os.environ, "PYTHONPATH": str(saga_root), "PYTHONHASHSEED": "0",
+           "SAGA_BENCH_RUNS": str(runs)}
+    done = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+         sys.executable, "-c", DRIVER],
+        env=env, capture_output=True, text=True, check=False, cwd="/")
+    found = re.search(r"Collected\s*:\s*(\d+)", done.stderr)
+    if done.returncode != 0 or found is None:
+        raise SystemExit(f"callgrind failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+    return int(found.group(1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=20,
+                        help="chains of 20 steps counted (the difference of two processes)")
+    parser.add_argument("--saga", action="append", type=Path,
+                        help="a checkout of saga to count (default: this one); repeatable")
+    args = parser.parse_args(argv)
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
+    for root in args.saga or [ROOT]:
+        base, more = count(root, 0), count(root, args.runs)
+        per_step = (more - base) / (args.runs * 20)
+        print(f"{root}: {per_step:,.0f} instructions per noop step "
+              f"({args.runs} chains of 20, engine alone)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
