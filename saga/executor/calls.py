@@ -46,6 +46,11 @@ class Wakeup:
         return task
 
     def _wake(self, _: asyncio.Future[Any]) -> None:
+        self.wake()
+
+    def wake(self) -> None:
+        """Wake :meth:`first_done` now, from a watched task about to end (its callback
+        would take one more turn of the event loop)."""
         if self._waiting is not None and not self._waiting.done():
             self._waiting.set_result(None)
 

@@ -451,6 +451,7 @@ class Drive:
                  cache_hit=True if outcome.cache else None)
         if name == "saga.step" and not outcome.cache:
             metrics.step_duration(tool, done, outcome.duration_ms / 1000)
+        self.wakeup.wake()  # this task ends with the return: no turn waits for it
         return outcome
 
     def _tool(self, step_id: str) -> str:

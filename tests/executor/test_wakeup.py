@@ -55,3 +55,20 @@ def test_ended_already_returns_at_once_and_a_cancelled_wait_leaves_no_trace() ->
         await asyncio.sleep(0)
         assert running.cancelled()
     asyncio.run(main())
+
+
+def test_a_task_that_wakes_the_wait_as_it_ends_is_found_done() -> None:
+    async def main() -> None:
+        wakeup = Wakeup()
+
+        async def ending() -> str:
+            await asyncio.sleep(0)
+            wakeup.wake()  # before its callback could: the wait resumes a turn sooner
+            return "done"
+
+        task = wakeup.watch(asyncio.ensure_future(ending()))
+        slow = wakeup.watch(asyncio.ensure_future(_after(10, "slow")))
+        assert await wakeup.first_done([task, slow]) == [task]
+        assert task.result() == "done"
+        slow.cancel()
+    asyncio.run(main())
