@@ -133,10 +133,10 @@ class PartitionedApp(SagaApplication):
             raise ConfigError("a partitioned store claims and releases leases on their own")
         self.part(run.id).save_run(run)
 
-    def save_runs(self, runs: list[Run], release: LeaseRelease | None = None
+    def save_runs(self, runs: list[Run], release: Sequence[LeaseRelease] = ()
                   ) -> list[Exception | None]:
         """Group commit per partition: one transaction in each partition touched."""
-        if release is not None:
+        if release:
             raise ConfigError("a partitioned store claims and releases leases on their own")
         results: list[Exception | None] = [None] * len(runs)
         by_part = self._by_part([run.id for run in runs])
