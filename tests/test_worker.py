@@ -94,8 +94,8 @@ def test_leases_are_given_up_together_when_drives_end_or_the_worker_stops(saga: 
     assert all(saga.get(r).status == "completed" for r in quick)
     assert all(leases.holder(r) is None for r in quick)
     given_up = sorted(r for batch in releases for r in batch)
-    if saga.app.claims_with_append():  # the commit a run ends in gives its lease up
-        assert given_up == []  # (see the next test)
+    if saga.app.claims_with_append():  # a run whose last commit is its own gives it up
+        assert set(given_up) <= set(quick)  # (see the next test)
     else:
         assert given_up == sorted(quick)
 

@@ -388,6 +388,7 @@ class Drive:
         lease = self.lease
         ending = lease.ending() if lease is not None and self.run.is_finished else None
         if self.x.group is not None:  # a worker's group commit (one commit per turn)
+            # it gives the lease up only with a batch of this run alone
             released = await self.x.group.save(self.run, idle=not self.tasks, ending=ending)
         elif lease is None:
             self.x.app.save_run(self.run)

@@ -349,45 +349,41 @@ class SagaApplication(Application[UUID]):
             return None
         return [e.link() for e in stored] == [e.link() for e in pending]
 
-    def save_runs(self, runs: list[Run], release: Sequence[LeaseRelease] = ()
+    def save_runs(self, runs: list[Run], release: LeaseRelease | None = None
                   ) -> list[Exception | None]:
         """Append the pending events of several runs in one transaction (group commit),
         each still fenced by its version. If the batch fails on a conflict, nothing of it
         was stored: each run is then saved on its own, so one stale run costs only its
-        own events. Returns, per run, None or the error its save raised. ``release``: the
-        leases of runs that end with these appends (one worker's), given up with them as
-        :meth:`save_run` gives up one; a run saved without error has given its up."""
-        # A lease names its run by the store key (a worker's index reads it from the
-        # log), a run by the name its caller chose, if any: matched by the key.
-        ending = {run_uuid(r.run_id): r for r in release}
+        own events. Returns, per run, None or the error its save raised. ``release``
+        (one run only): the append gives its lease up too, as :meth:`save_run`'s."""
+        if release is not None and len(runs) != 1:
+            raise ValueError("a group commit gives up one run's lease, of a batch of one")
         if len(runs) == 1:
-            return [self._save_one(runs[0], ending.get(runs[0].id))]
+            return [self._save_one(runs[0], release)]
         pending = [list(run._pending_events) for run in runs]
         try:
             with store_errors("saving runs"):
-                self.save(*runs, **({"release": list(release)} if release else {}))
+                self.save(*runs)
         except IntegrityError:
             for run, events in zip(runs, pending, strict=True):
                 run._pending_events = events
-            return [self._save_one(run, ending.get(run.id)) for run in runs]
+            return [self._save_one(run) for run in runs]
         except StoreUnavailableError:
             # The connection went with the commit's outcome: settle each run on its own.
-            return [self._settle_lost(run, events, ending.get(run.id))
+            return [self._settle_lost(run, events)
                     for run, events in zip(runs, pending, strict=True)]
         return [None for _ in runs]
 
-    def _settle_lost(self, run: Run, events: list[Any],
-                     release: LeaseRelease | None = None) -> Exception | None:
+    def _settle_lost(self, run: Run, events: list[Any]) -> Exception | None:
         """A run whose group commit lost its connection, resolved as :meth:`save_run`
-        resolves its own: by reading its versions back, never by appending blindly (an
-        append made now gives up ``release`` with it; one found made gave it up)."""
+        resolves its own: by reading its versions back, never by appending blindly."""
         def resolve() -> None:
             stored = self._stored(events)
             if stored is False:
                 raise ConcurrentWriteError(run.run_id)
             if stored is None:
                 try:
-                    self.save(*events, **({"release": release} if release else {}))
+                    self.save(*events)
                 except IntegrityError:
                     if self._stored(events) is not True:
                         raise ConcurrentWriteError(run.run_id) from None

@@ -67,15 +67,14 @@ def claim_sql(table: str = "saga_leases", mark: str = "?") -> str:
 
 
 def release_sql(table: str = "saga_leases", mark: str = "?", count: int = 1,
-                ordered: bool = False, array: bool = False) -> str:
+                ordered: bool = False) -> str:
     """The release of the leases one worker holds on ``count`` runs (parameters: the
-    worker, then the run ids; with ``array`` (PostgreSQL), the run ids in one array), as
-    :func:`claim_sql` names the table and parameters.
+    worker, then the run ids), as :func:`claim_sql` names the table and parameters.
 
     ``ordered`` (PostgreSQL) locks the rows in run id order first, as claims take them
     (:meth:`Leases.claim_first`): a claim of several runs and a release of several never
     deadlock (a claim locks a row another worker holds even when it does not take it)."""
-    ids = f"SELECT unnest({mark}::text[])" if array else ", ".join([mark] * count)
+    ids = ", ".join([mark] * count)
     if not ordered:
         return f"DELETE FROM {table} WHERE worker = {mark} AND run_id IN ({ids})"
     return (f"DELETE FROM {table} WHERE run_id IN (SELECT run_id FROM {table} "

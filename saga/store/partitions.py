@@ -133,10 +133,10 @@ class PartitionedApp(SagaApplication):
             raise ConfigError("a partitioned store claims and releases leases on their own")
         self.part(run.id).save_run(run)
 
-    def save_runs(self, runs: list[Run], release: Sequence[LeaseRelease] = ()
+    def save_runs(self, runs: list[Run], release: LeaseRelease | None = None
                   ) -> list[Exception | None]:
         """Group commit per partition: one transaction in each partition touched."""
-        if release:
+        if release is not None:
             raise ConfigError("a partitioned store claims and releases leases on their own")
         results: list[Exception | None] = [None] * len(runs)
         by_part = self._by_part([run.id for run in runs])

@@ -120,12 +120,12 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
         self._table = table
         self._leases = SQL("{0}.saga_leases").format(Identifier(self.datastore.schema))
         self._id_type = "uuid" if self.datastore.originator_id_type == "uuid" else "text"
-        self._statements: dict[tuple[int, bool, int], bytes] = {}
+        self._statements: dict[tuple[int, bool, bool], bytes] = {}
         self._run_statements: dict[str | None, bytes] = {}
         self._page_statements: dict[tuple[bool, bool, bool, bool, bool], bytes] = {}
         self._claim_statements: dict[tuple[bool, str | None], bytes] = {}
         #: The small inserts' names and statements as libpq takes them (see _insert_few).
-        self._raw_statements: dict[tuple[int, bool, int], tuple[bytes, bytes]] = {}
+        self._raw_statements: dict[tuple[int, bool, bool], tuple[bytes, bytes]] = {}
         self._prepared = PreparedStatements()
         qualified = ".".join('"' + name.replace('"', '""') + '"'
                              for name in (self.datastore.schema, self.events_table_name))
@@ -149,7 +149,8 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
             "), (SELECT pg_snapshot_xmax(s.snap) FROM s))::text::bigint AS h"
         ).format(rel=Literal(qualified))
 
-    def _insert_statement(self, count: int, claim: bool = False, release: int = 0) -> bytes:
+    def _insert_statement(self, count: int, claim: bool = False,
+                          release: bool = False) -> bytes:
         """The insert of ``count`` events, rendered once per count: a few events (a step's
         save) are one row of parameters each, sent through libpq (see :meth:`_insert_few`);
         a larger batch (a group commit) passes arrays through psycopg's cursor. The events
@@ -157,9 +158,8 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
         (128 events: 0.11 ms against 0.80 here), and a state is not escaped. ``claim``:
         the statement first claims a run's lease (as
         :meth:`saga.store.leases.Leases.claim` does), storing the events only if it was
-        made; ``release``: it gives up the leases of that many runs (as
-        :meth:`saga.store.leases.Leases.release_many` does: the runs a group commit
-        ends; a batch passes their ids in an array)."""
+        made; ``release``: it gives a run's lease up (as
+        :meth:`saga.store.leases.Leases.release` does)."""
         statement = self._statements.get((count, claim, release))
         if statement is not None:
             return statement
@@ -184,11 +184,9 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
             # with a claim the events are stored only if it was made. Still one statement:
             # every table it writes is locked before it assigns its transaction id, so the
             # readers' horizon holds (see the module docs).
-            leases, arrays = self._leases.as_string(None), count > VALUES_UP_TO
-            # Several runs' leases are taken in run id order, as claims take them.
-            released = release_sql(leases, "%s", release, arrays or release > 1, arrays)
+            leases = self._leases.as_string(None)
             lease = (f"WITH l AS ({claim_sql(leases, '%s')} RETURNING 1) " if claim else
-                     f"WITH l AS ({released}) " if release else "")
+                     f"WITH l AS ({release_sql(leases, '%s')}) " if release else "")
             query = SQL(
                 "{lease}INSERT INTO {table} (originator_id, originator_version, topic, "
                 "state, notification_id) SELECT e.i, e.v, e.t, e.s, {new_id} FROM {events} "
@@ -237,14 +235,12 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
     # -- writing ---------------------------------------------------------------------
 
     def insert_events(self, stored_events: Sequence[StoredEvent], *,
-                      lease: LeaseClaim | None = None,
-                      release: LeaseRelease | Sequence[LeaseRelease] | None = None,
+                      lease: LeaseClaim | None = None, release: LeaseRelease | None = None,
                       **kwargs: Any) -> Sequence[int] | None:
         """Insert the events in one autocommit statement (one round trip, atomic); with
         ``lease``, the same statement claims the run's lease first, and stores nothing
         (raising LeaseHeldError) if another worker holds it; with ``release``, it gives
-        the run's lease up (or, a sequence of them, the leases of those runs: one
-        worker's, whose last events a group commit appends).
+        the run's lease up.
 
         Never tried again here (the library's recorder is): after a lost connection the
         statement may have committed, and only the caller can tell, by reading back."""
@@ -253,23 +249,19 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
         if len(stored_events) > MAX_EVENTS_PER_INSERT:
             raise ProgrammingError(f"at most {MAX_EVENTS_PER_INSERT} events per insert")
         count = len(stored_events)
-        releases = (release,) if isinstance(release, LeaseRelease) else tuple(release or ())
-        if len({r.worker for r in releases}) > 1:
-            raise ProgrammingError("one append gives up the leases of one worker")
         if count <= VALUES_UP_TO:
-            return self._insert_few(stored_events, lease, releases)
+            return self._insert_few(stored_events, lease, release)
         params: Sequence[Any] = (
             [e.originator_id for e in stored_events],
             [e.originator_version for e in stored_events],
             [e.topic for e in stored_events], [e.state for e in stored_events])
-        # The ids go in one array: the statement is the same for any number of them.
         statement = self._insert_statement(count, claim=lease is not None,
-                                           release=min(len(releases), 1))
+                                           release=release is not None)
         if lease is not None:
             params = [lease.run_id, lease.worker, lease.expires_at, lease.queue, lease.now,
                       *params]
-        elif releases:
-            params = [releases[0].worker, [r.run_id for r in releases], *params]
+        elif release is not None:
+            params = [release.worker, release.run_id, *params]
         with self.datastore.get_connection() as conn, \
                 conn.cursor(row_factory=tuple_row) as curs:
             assert conn.autocommit
@@ -280,13 +272,13 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
             return ids
 
     def _insert_few(self, stored_events: Sequence[StoredEvent], lease: LeaseClaim | None,
-                    releases: Sequence[LeaseRelease]) -> list[int]:
+                    release: LeaseRelease | None) -> list[int]:
         """:meth:`insert_events` of a step's few events (most appends), straight through
         libpq: psycopg's cursor layers (the query's conversion, its dumpers, the
         prepared-statement bookkeeping) cost about as much CPU as the rest of a step's
         append (one 2-event insert: 0.13 ms against 0.09 here). Every field goes in
         binary, text in the connection's encoding (as psycopg sends it)."""
-        key = (len(stored_events), lease is not None, len(releases))
+        key = (len(stored_events), lease is not None, release is not None)
         raw = self._raw_statements.get(key)
         if raw is None:
             raw = self._raw_statements[key] = (b"saga_insert_%d_%d_%d" % key,
@@ -301,9 +293,8 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
                            _FLOAT8.pack(lease.expires_at),
                            None if lease.queue is None else lease.queue.encode(code),
                            _FLOAT8.pack(lease.now)]
-            elif releases:
-                params += [releases[0].worker.encode(code),
-                           *(r.run_id.encode(code) for r in releases)]
+            elif release is not None:
+                params += [release.worker.encode(code), release.run_id.encode(code)]
             for e in stored_events:
                 run = e.originator_id
                 params += [(run if isinstance(run, UUID) else UUID(str(run))).bytes if uuids

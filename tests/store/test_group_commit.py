@@ -9,12 +9,8 @@ import pytest
 from eventsourcing.application import ProcessingEvent
 
 from saga.api import Saga
-from saga.config import Settings
-from saga.domain import Run, run_uuid
-from saga.errors import ConcurrentWriteError, StoreUnavailableError
+from saga.errors import ConcurrentWriteError
 from saga.store.group_commit import GroupCommit
-from saga.store.leases import LeaseRelease
-from saga.tools import Registry
 
 FLOW = {"name": "g", "steps": [{"id": "a", "tool": "noop"}]}
 
@@ -43,74 +39,6 @@ def test_appends_share_a_commit_and_a_stale_run_fails_alone(saga: Saga) -> None:
     for i in (0, 1, 3):
         assert saga.app.get_run(runs[i].run_id).paused
     assert saga.app.get_run(runs[2].run_id).version == other.version
-
-
-def test_the_runs_a_batch_ends_give_their_leases_up_with_it_a_stale_one_keeps_its(
-        pg_settings: Settings, registry: Registry) -> None:
-    """On PostgreSQL the batch's statement gives up the leases of the runs it ends; when a
-    conflict sends the batch back one run at a time, each run saved gives its lease up
-    with its own append, and the stale run, saved by no one, keeps its lease."""
-    with Saga(pg_settings, registry=registry) as saga:
-        plan = saga.load(FLOW)
-        # Named runs too: a worker's lease names its run by the store key.
-        ids = [str(run_uuid(saga.submit(plan, {}, run_id=name).run_id))
-               for name in ["first", None, None, "fourth"]]
-        for run_id in ids:
-            assert saga.leases.claim(run_id, "w", 60)
-        runs = [saga.app.get_run(run_id) for run_id in ids]
-        other = saga.app.get_run(ids[2])
-        other.pause("tester", "ahead")  # another writer moves run 2 on first
-        saga.app.save_run(other)
-        for run in runs:
-            run.pause("tester", "grouped")
-        group = GroupCommit(saga.app)
-
-        async def save(batch: list[Run], ends: list[bool]) -> list[object]:
-            return list(await asyncio.gather(
-                *(group.save(run, ending=LeaseRelease(str(run.id), "w") if end else None)
-                  for run, end in zip(batch, ends, strict=True)),
-                return_exceptions=True))
-
-        assert asyncio.run(save(runs[:2], [True, False])) == [True, False]
-        results = asyncio.run(save(runs[2:], [True, True]))
-        assert isinstance(results[0], ConcurrentWriteError) and results[1] is True
-        assert group.commits == 2
-        held = [saga.leases.holder(run_id) for run_id in ids]
-        assert [h and h[0] for h in held] == [None, "w", "w", None]
-        assert all(saga.app.get_run(run_id).paused for run_id in ids)
-
-
-@pytest.mark.parametrize("landed", [False, True])
-def test_a_batch_whose_connection_is_lost_still_gives_the_leases_up(
-        pg_settings: Settings, registry: Registry, monkeypatch: pytest.MonkeyPatch,
-        landed: bool) -> None:
-    """A batch whose outcome the lost connection hid is settled run by run: a run found
-    stored gave its lease up in that statement; one not stored is appended again with
-    its release. Either way no lease of a run that ended is left held."""
-    with Saga(pg_settings, registry=registry) as saga:
-        plan = saga.load(FLOW)
-        ids = [saga.submit(plan, {}).run_id for _ in range(2)]
-        for run_id in ids:
-            assert saga.leases.claim(run_id, "w", 60)
-        runs = [saga.app.get_run(run_id) for run_id in ids]
-        for run in runs:
-            run.pause("tester", "grouped")
-        original, calls = saga.app.save, []
-
-        def losing(*objs: object, **kw: object) -> object:
-            calls.append(len(objs))
-            if len(calls) == 1:
-                if landed:
-                    original(*objs, **kw)  # type: ignore[arg-type]
-                raise StoreUnavailableError("the connection went with the commit (test)")
-            return original(*objs, **kw)  # type: ignore[arg-type]
-
-        monkeypatch.setattr(saga.app, "save", losing)
-        errors = saga.app.save_runs(runs, [LeaseRelease(r, "w") for r in ids])
-        assert errors == [None, None]
-        assert calls == ([2] if landed else [2, 1, 1])  # settled by reading back
-        assert [saga.leases.holder(run_id) for run_id in ids] == [None, None]
-        assert all(saga.app.get_run(run_id).paused for run_id in ids)
 
 
 def test_a_batch_without_conflict_is_one_transaction(saga: Saga,

@@ -327,38 +327,6 @@ def test_an_append_stores_a_leases_text_as_given_and_refuses_a_nul(schema: str,
         recorder.datastore.close()
 
 
-@pytest.mark.parametrize("per_run", [1, VALUES_UP_TO])  # through libpq, and the cursor
-def test_an_append_gives_up_the_leases_of_every_run_it_ends(schema: str,
-                                                            per_run: int) -> None:
-    """A group commit's insert gives up the leases of the runs it ends, in its own
-    statement: those its worker holds, and no other (another worker's lease on a run it
-    names, a run it does not name); and it stores every event."""
-    recorder = _recorder(schema)
-    try:
-        runs = [uuid4() for _ in range(4)]
-        with psycopg.connect(PG_URL, autocommit=True) as conn:
-            conn.execute(f'SET search_path TO "{schema}"')
-            conn.execute(LEASE_DDL[0])
-            for run, worker in zip(runs, ["w", "w", "other", "w"], strict=True):
-                conn.execute("INSERT INTO saga_leases (run_id, worker, expires_at) "
-                             "VALUES (%s, %s, %s)", (str(run), worker, time.time() + 60))
-        events = [StoredEvent(run, v, "t", b"s") for run in runs[:3]
-                  for v in range(1, per_run + 1)]
-        ids = recorder.insert_events(events, release=[LeaseRelease(str(r), "w")
-                                                      for r in runs[:3]])
-        assert ids is not None and len(ids) == 3 * per_run
-        with psycopg.connect(PG_URL) as conn:
-            left = conn.execute(f'SELECT run_id, worker FROM "{schema}".saga_leases '
-                                "ORDER BY worker").fetchall()
-        assert left == [(str(runs[2]), "other"), (str(runs[3]), "w")]
-        with pytest.raises(ProgrammingError, match="one worker"):
-            recorder.insert_events([StoredEvent(runs[3], 1, "t", b"s")],
-                                   release=[LeaseRelease(str(runs[3]), "w"),
-                                            LeaseRelease(str(runs[2]), "other")])
-    finally:
-        recorder.datastore.close()
-
-
 def _writer(schema: str, writes: int, per_write: int, out: Any) -> None:
     """Inserts in the three shapes an append takes: plain, claiming a run's lease first
     (a new run's first append), and giving a run's lease up (the append that ends it)."""
