@@ -9,7 +9,7 @@ import pytest
 from eventsourcing.application import ProcessingEvent
 
 from saga.api import Saga
-from saga.errors import ConcurrentWriteError
+from saga.errors import ConcurrentWriteError, StoreUnavailableError
 from saga.store.group_commit import GroupCommit
 
 FLOW = {"name": "g", "steps": [{"id": "a", "tool": "noop"}]}
@@ -39,6 +39,35 @@ def test_appends_share_a_commit_and_a_stale_run_fails_alone(saga: Saga) -> None:
     for i in (0, 1, 3):
         assert saga.app.get_run(runs[i].run_id).paused
     assert saga.app.get_run(runs[2].run_id).version == other.version
+
+
+@pytest.mark.parametrize("landed", [False, True])
+def test_a_batch_whose_connection_is_lost_is_settled_run_by_run(
+        saga: Saga, monkeypatch: pytest.MonkeyPatch, landed: bool) -> None:
+    """A batch whose outcome a lost connection hid is settled run by run, by reading each
+    run's versions back: a run found stored is left as it is, one not stored is appended
+    again, and no run is appended twice."""
+    plan = saga.load(FLOW)
+    ids = [saga.submit(plan, {}).run_id for _ in range(2)]
+    runs = [saga.app.get_run(run_id) for run_id in ids]
+    for run in runs:
+        run.pause("tester", "grouped")
+    original, calls = saga.app.save, []
+
+    def losing(*objs: object, **kw: object) -> object:
+        calls.append(len(objs))
+        if len(calls) == 1:
+            if landed:
+                original(*objs, **kw)  # type: ignore[arg-type]
+            raise StoreUnavailableError("the connection went with the commit (test)")
+        return original(*objs, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(saga.app, "save", losing)
+    assert saga.app.save_runs(runs) == [None, None]
+    assert calls == ([2] if landed else [2, 1, 1])
+    for run_id in ids:
+        run = saga.app.get_run(run_id)
+        assert run.paused and run.version == 2  # paused once: appended once
 
 
 def test_a_batch_without_conflict_is_one_transaction(saga: Saga,
