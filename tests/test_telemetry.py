@@ -363,14 +363,18 @@ def test_which_exporters_the_environment_asks_for() -> None:
 def test_a_scope_changes_only_what_it_names_and_is_undone_after_its_block() -> None:
     from saga.telemetry import scope
 
-    outer = scope.current()
-    with scope.scoped(run_id="r1", step_id=None) as run:
-        assert (run.run_id, run.step_id, run.span) == ("r1", None, outer.span)
-        with scope.scoped(step_id="s", iteration=2, attempt=1) as call:
-            assert (call.run_id, call.step_id, call.iteration, call.attempt) == \
-                ("r1", "s", 2, 1)
+    outer, span = scope.current(), tracing.Span()  # a span of its own, not the no-op
+    with scope.scoped(run_id="r1", step_id=None, span=span) as run:
+        assert (run.run_id, run.step_id, run.span) == ("r1", None, span)
+        with pytest.raises(ValueError, match="inside"), \
+                scope.scoped(step_id="s", iteration=2, attempt=1) as call:
+            assert (call.run_id, call.step_id, call.iteration, call.attempt,
+                    call.span) == ("r1", "s", 2, 1, span)
             assert scope.current() is call
+            raise ValueError("inside the block")
         assert scope.current() is run
     assert scope.current() is outer
     with pytest.raises(TypeError, match="no colour"):
         scope.scoped(colour="red")
+    # A field added to Scope must be one a scope can change (entered by position).
+    assert {"run_id", "step_id", "iteration", "attempt", "span"} == scope._FIELDS

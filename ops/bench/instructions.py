@@ -7,8 +7,9 @@ by timing it. Counting instructions can: the same code runs the same instruction
 whatever else the machine does (repeats agree within about 1%).
 
 What is counted: chains of 20 noop steps driven by ``Saga.run`` on SQLite, with each
-turn's events collected instead of appended (as ``bench.py``'s "engine alone"), so no
-store I/O is in it. The process runs twice under callgrind, once with ``--runs`` chains
+turn's events collected instead of appended (as ``bench.py``'s "engine alone"): no event
+reaches the store, though each run's lease is still claimed and released there (spread
+over its 20 steps). The process runs twice under callgrind, once with ``--runs`` chains
 more than the other (both warm up the same); the difference over the steps is what one
 step costs, imports and start-up cancelled out.
 
@@ -37,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DRIVER = """
 import os, tempfile
 from pathlib import Path
+import saga as saga_package
 from saga.api import Saga
 from saga.config import Settings
 from saga.tools import load_registry
@@ -50,6 +52,7 @@ saga.app.save_run = lambda run, claim=None, release=None: run.collect_events()
 for _ in range(3 + int(os.environ["SAGA_BENCH_RUNS"])):
     run = saga.run(plan, {})
     assert run.status == "completed", run.status
+print("saga from", Path(saga_package.__file__).parent)
 """
 
 
@@ -64,6 +67,10 @@ def count(saga_root: Path, runs: int) -> int:
     found = re.search(r"Collected\s*:\s*(\d+)", done.stderr)
     if done.returncode != 0 or found is None:
         raise SystemExit(f"callgrind failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+    # An installed saga (an editable install's import hook) would answer for a checkout
+    # that is not a package: say so instead of counting it.
+    if f"saga from {saga_root / 'saga'}\n" not in done.stdout:
+        raise SystemExit(f"{saga_root} was not the saga imported: {done.stdout.strip()}")
     return int(found.group(1))
 
 
@@ -76,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
-    for root in args.saga or [ROOT]:
+    for root in [r.resolve() for r in args.saga or [ROOT]]:
         base, more = count(root, 0), count(root, args.runs)
         per_step = (more - base) / (args.runs * 20)
         print(f"{root}: {per_step:,.0f} instructions per noop step "
