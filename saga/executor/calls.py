@@ -34,8 +34,13 @@ _Task = TypeVar("_Task", bound="asyncio.Future[Any]")
 class Wakeup:
     """``asyncio.wait(..., return_when=FIRST_COMPLETED)`` for a drive, whose tasks are
     awaited turn after turn: each task is watched once, when it begins, where
-    asyncio.wait adds a callback to every task and removes it again at every turn (5 µs
-    of a noop step's 110 here)."""
+    asyncio.wait adds a callback to every task and removes it again at every turn (about
+    5 µs of a noop step's 110–120 here).
+
+    A call that woke the wait itself (:meth:`wake`) has its callback wake the drive's
+    next wait too, which then looks once more. Left so on purpose: where the drive's
+    append does not wait, that wake lets it resume in the same turn as its next call
+    ends, and suppressing it cost 1.7% more instructions per step."""
 
     def __init__(self) -> None:
         self._waiting: asyncio.Future[None] | None = None
