@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from saga.api import Saga
-from saga.telemetry import tracing
+from saga.telemetry import scope, tracing
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -361,8 +361,6 @@ def test_which_exporters_the_environment_asks_for() -> None:
 
 
 def test_a_scope_changes_only_what_it_names_and_is_undone_after_its_block() -> None:
-    from saga.telemetry import scope
-
     outer, span = scope.current(), tracing.Span()  # a span of its own, not the no-op
     with scope.scoped(run_id="r1", step_id=None, span=span) as run:
         assert (run.run_id, run.step_id, run.span) == ("r1", None, span)

@@ -25,6 +25,7 @@ takes 15–30 s.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -32,22 +33,23 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench import SHAPES
+
 ROOT = Path(__file__).resolve().parents[2]
 
-#: Run inside callgrind: warm up, then ``N`` more chains of 20 (``N`` from the environment).
+#: Run inside callgrind: warm up, then ``N`` more runs of the composition (both from the
+#: environment: ``bench.py``'s chain of 20).
 DRIVER = """
-import os, tempfile
+import json, os, tempfile
 from pathlib import Path
 import saga as saga_package
 from saga.api import Saga
 from saga.config import Settings
 from saga.tools import load_registry
 
-steps = [{"id": f"s{i}", "tool": "noop", "depends_on": [f"s{i - 1}"] if i else []}
-         for i in range(20)]
 saga = Saga(Settings(home=Path(tempfile.mkdtemp()), actor="bench"),
             registry=load_registry([]), worker="bench")
-plan = saga.load({"name": "chain-20", "steps": steps})
+plan = saga.load(json.loads(os.environ["SAGA_BENCH_PLAN"]))
 saga.app.save_run = lambda run, claim=None, release=None: run.collect_events()
 for _ in range(3 + int(os.environ["SAGA_BENCH_RUNS"])):
     run = saga.run(plan, {})
@@ -59,7 +61,7 @@ print("saga from", Path(saga_package.__file__).parent)
 def count(saga_root: Path, runs: int) -> int:
     """Instructions (callgrind's ``Ir``) of the driver with ``runs`` extra chains."""
     env = {**os.environ, "PYTHONPATH": str(saga_root), "PYTHONHASHSEED": "0",
-           "SAGA_BENCH_RUNS": str(runs)}
+           "SAGA_BENCH_RUNS": str(runs), "SAGA_BENCH_PLAN": json.dumps(SHAPES["chain20"])}
     done = subprocess.run(
         ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
          sys.executable, "-c", DRIVER],
