@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
     for root in [r.resolve() for r in args.saga or [ROOT]]:
         base, more = count(root, 0), count(root, args.runs)
-        per_step = (more - base) / (args.runs * 20)
+        per_step = (more - base) / (args.runs * len(SHAPES["chain20"]["steps"]))
         print(f"{root}: {per_step:,.0f} instructions per noop step "
               f"({args.runs} chains of 20, engine alone)")
     return 0

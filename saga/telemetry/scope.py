@@ -54,10 +54,7 @@ class Scoped:
         self.token: contextvars.Token[Scope] | None = None
 
     def __enter__(self) -> Scope:
-        now, get = _CURRENT.get(), self.changes.get
-        inner = Scope(get("run_id", now.run_id), get("step_id", now.step_id),
-                      get("iteration", now.iteration), get("attempt", now.attempt),
-                      get("span", now.span))
+        inner = Scope(**{**vars(_CURRENT.get()), **self.changes})
         self.token = _CURRENT.set(inner)
         return inner
 
