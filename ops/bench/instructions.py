@@ -20,6 +20,15 @@ Usage::
 ``--saga`` names a checkout of saga to count (given more than once, each in turn: for a
 before and after). Needs ``valgrind`` (Debian: ``apt-get install valgrind``); each count
 takes 15–30 s.
+
+``--worker C`` counts a worker instead: one ``saga worker`` process (``Worker.run`` until
+idle, at concurrency ``C``) draining chains of 3 noop steps from PostgreSQL, the path the
+drains of ``bench.py``'s targets time. The runs are submitted by a process of their own,
+not counted; the drain runs twice under callgrind, over 128 runs and over 384 (each in a
+schema of its own, dropped after), and the difference over 256 runs is one run's cost:
+its claim and read, its 7 appends' share of the group commits, its share of the looks
+and of reading the log. Only the worker's client side is counted, every thread of it;
+the server's work and the waits are not.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import re
 import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 from bench import SHAPES
@@ -58,22 +68,80 @@ print("saga from", Path(saga_package.__file__).parent)
 """
 
 
-def count(saga_root: Path, runs: int) -> int:
-    """Instructions (callgrind's ``Ir``) of the driver with ``runs`` extra chains."""
-    env = {**os.environ, "PYTHONPATH": str(saga_root), "PYTHONHASHSEED": "0",
-           "SAGA_BENCH_RUNS": str(runs), "SAGA_BENCH_PLAN": json.dumps(SHAPES["chain20"])}
+#: The worker counted by ``--worker``: drains the runs of schema ``argv[1]`` at concurrency
+#: ``argv[2]`` (the runs were submitted by SUBMIT, in a process not counted).
+WORKER = """
+import sys
+from pathlib import Path
+import saga as saga_package
+from saga.api import Saga
+from saga.config import Settings
+from saga.tools import load_registry
+
+settings = Settings(database_url=sys.argv[3], schema=sys.argv[1], actor="bench")
+with Saga(settings, registry=load_registry([])) as saga:
+    worker = saga.worker_loop(concurrency=int(sys.argv[2]), poll_interval=0.05)
+    worker.run(until_idle=True)
+print("drove", worker.driven)
+print("saga from", Path(saga_package.__file__).parent)
+"""
+
+#: Submits ``argv[2]`` chains of 3 noop steps to schema ``argv[1]``.
+SUBMIT = """
+import sys
+from saga.api import Saga
+from saga.config import Settings
+from saga.tools import load_registry
+
+settings = Settings(database_url=sys.argv[3], schema=sys.argv[1], actor="bench")
+with Saga(settings, registry=load_registry([])) as saga:
+    plan = saga.load({"name": "chain3", "steps": [
+        {"id": f"s{i}", "tool": "noop", "depends_on": [f"s{i - 1}"] if i else []}
+        for i in range(3)]})
+    for _ in range(int(sys.argv[2])):
+        saga.submit(plan, {})
+    saga.leases  # the side tables exist before the worker starts
+"""
+
+
+def callgrind(script: str, args: list[str], env: dict[str, str], saga_root: Path,
+              expect: str = "") -> int:
+    """Instructions (callgrind's ``Ir``) of ``python -c script args``, every thread."""
     done = subprocess.run(
         ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-         sys.executable, "-c", DRIVER],
+         sys.executable, "-c", script, *args],
         env=env, capture_output=True, text=True, check=False, cwd="/")
     found = re.search(r"Collected\s*:\s*(\d+)", done.stderr)
     if done.returncode != 0 or found is None:
         raise SystemExit(f"callgrind failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
     # An installed saga (an editable install's import hook) would answer for a checkout
     # that is not a package: say so instead of counting it.
-    if f"saga from {saga_root / 'saga'}\n" not in done.stdout:
-        raise SystemExit(f"{saga_root} was not the saga imported: {done.stdout.strip()}")
+    if f"saga from {saga_root / 'saga'}\n" not in done.stdout or expect not in done.stdout:
+        raise SystemExit(f"{saga_root} was not the saga imported, or the work was not "
+                         f"done: {done.stdout.strip()}")
     return int(found.group(1))
+
+
+def count_worker(saga_root: Path, runs: int, concurrency: int, url: str) -> int:
+    """Instructions of a worker draining ``runs`` chains of 3 steps from a new schema."""
+    import psycopg
+    env = {**os.environ, "PYTHONPATH": str(saga_root), "PYTHONHASHSEED": "0"}
+    schema = f"instr_{uuid.uuid4().hex[:10]}"
+    try:
+        subprocess.run([sys.executable, "-c", SUBMIT, schema, str(runs), url], env=env,
+                       check=True, cwd="/")
+        return callgrind(WORKER, [schema, str(concurrency), url], env, saga_root,
+                         expect=f"drove {runs}\n")
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def count(saga_root: Path, runs: int) -> int:
+    """Instructions (callgrind's ``Ir``) of the driver with ``runs`` extra chains."""
+    env = {**os.environ, "PYTHONPATH": str(saga_root), "PYTHONHASHSEED": "0",
+           "SAGA_BENCH_RUNS": str(runs), "SAGA_BENCH_PLAN": json.dumps(SHAPES["chain20"])}
+    return callgrind(DRIVER, [], env, saga_root)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,10 +150,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="chains of 20 steps counted (the difference of two processes)")
     parser.add_argument("--saga", action="append", type=Path,
                         help="a checkout of saga to count (default: this one); repeatable")
+    parser.add_argument("--worker", type=int, metavar="C",
+                        help="count a worker draining 3-step chains from PostgreSQL at "
+                             "concurrency C, per run, instead of the engine alone")
+    parser.add_argument("--pg-url", default=os.environ.get(
+        "SAGA_BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test"),
+                        help="the server --worker uses (a schema instr_<random> each count)")
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
     for root in [r.resolve() for r in args.saga or [ROOT]]:
+        if args.worker is not None:
+            base = count_worker(root, 128, args.worker, args.pg_url)
+            more = count_worker(root, 384, args.worker, args.pg_url)
+            print(f"{root}: {(more - base) / 256:,.0f} instructions per run (a worker at "
+                  f"concurrency {args.worker}, chains of 3 noop steps on PostgreSQL)")
+            continue
         base, more = count(root, 0), count(root, args.runs)
         per_step = (more - base) / (args.runs * len(SHAPES["chain20"]["steps"]))
         print(f"{root}: {per_step:,.0f} instructions per noop step "
