@@ -86,18 +86,17 @@ print("drove", worker.driven)
 print("saga from", Path(saga_package.__file__).parent)
 """
 
-#: Submits ``argv[2]`` chains of 3 noop steps to schema ``argv[1]``.
+#: Submits ``argv[2]`` runs of the composition in ``SAGA_BENCH_PLAN`` (``bench.py``'s chain
+#: of 3) to schema ``argv[1]``.
 SUBMIT = """
-import sys
+import json, os, sys
 from saga.api import Saga
 from saga.config import Settings
 from saga.tools import load_registry
 
 settings = Settings(database_url=sys.argv[3], schema=sys.argv[1], actor="bench")
 with Saga(settings, registry=load_registry([])) as saga:
-    plan = saga.load({"name": "chain3", "steps": [
-        {"id": f"s{i}", "tool": "noop", "depends_on": [f"s{i - 1}"] if i else []}
-        for i in range(3)]})
+    plan = saga.load(json.loads(os.environ["SAGA_BENCH_PLAN"]))
     for _ in range(int(sys.argv[2])):
         saga.submit(plan, {})
     saga.leases  # the side tables exist before the worker starts
@@ -125,7 +124,8 @@ def callgrind(script: str, args: list[str], env: dict[str, str], saga_root: Path
 def count_worker(saga_root: Path, runs: int, concurrency: int, url: str) -> int:
     """Instructions of a worker draining ``runs`` chains of 3 steps from a new schema."""
     import psycopg
-    env = {**os.environ, "PYTHONPATH": str(saga_root), "PYTHONHASHSEED": "0"}
+    env = {**os.environ, "PYTHONPATH": str(saga_root), "PYTHONHASHSEED": "0",
+           "SAGA_BENCH_PLAN": json.dumps(SHAPES["chain3"])}
     schema = f"instr_{uuid.uuid4().hex[:10]}"
     try:
         subprocess.run([sys.executable, "-c", SUBMIT, schema, str(runs), url], env=env,
