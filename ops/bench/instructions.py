@@ -1,34 +1,38 @@
-"""Instructions per step of the engine alone, counted by valgrind (callgrind): a measure of
-the engine's own CPU that noise on a shared machine cannot move.
+"""Instructions per step of the engine alone, or per run of a worker, counted by valgrind
+(callgrind): a measure of saga's own CPU that noise on a shared machine cannot move.
 
 Wall and CPU times on this machine swing by a third from one hour to the next (other
 tenants, CPU steal), so a change worth 3% of a step cannot be told apart from the noise
 by timing it. Counting instructions can: the same code runs the same instructions,
 whatever else the machine does (repeats agree within about 1%).
 
-What is counted: chains of 20 noop steps driven by ``Saga.run`` on SQLite, with each
-turn's events collected instead of appended (as ``bench.py``'s "engine alone"): no event
-reaches the store, though each run's lease is still claimed and released there (spread
-over its 20 steps). The process runs twice under callgrind, once with ``--runs`` chains
-more than the other (both warm up the same); the difference over the steps is what one
-step costs, imports and start-up cancelled out.
+What is counted by default: chains of 20 noop steps driven by ``Saga.run`` on SQLite,
+with each turn's events collected instead of appended (as ``bench.py``'s "engine alone"):
+no event reaches the store, though each run's lease is still claimed and released there
+(spread over its 20 steps). The process runs twice under callgrind, once with ``--runs``
+chains more than the other (both warm up the same); the difference over the steps is
+what one step costs, imports and start-up cancelled out.
+
+With ``--worker C``: a worker process (``Saga.worker_loop(concurrency=C)`` run until
+idle, as ``saga worker --until-idle`` runs it) draining ``bench.py``'s chains of 3 noop
+steps from PostgreSQL, the work the drains of ``bench.py``'s targets time. The runs are
+submitted by a process of their own, not counted; the drain runs twice under callgrind,
+over 128 runs and over 384 (each in a schema ``instr_<random>`` of its own, dropped
+after), and the difference over 256 runs is one run's cost to the worker: reading it
+from the log, claiming and reading it, its 7 events' share of the group commits, its
+share of the looks. Every thread of the worker is counted; the server's work and the
+waits are not. Under callgrind the worker runs some 50 times slower, so what the clock
+paces (the log read at most every 50 ms, lease renewals) happens at every look, or more
+often than in a timed drain.
 
 Usage::
 
     python ops/bench/instructions.py [--runs 20] [--saga ROOT ...]
+    python ops/bench/instructions.py --worker C [--saga ROOT ...] [--pg-url URL]
 
 ``--saga`` names a checkout of saga to count (given more than once, each in turn: for a
 before and after). Needs ``valgrind`` (Debian: ``apt-get install valgrind``); each count
-takes 15–30 s.
-
-``--worker C`` counts a worker instead: one ``saga worker`` process (``Worker.run`` until
-idle, at concurrency ``C``) draining chains of 3 noop steps from PostgreSQL, the path the
-drains of ``bench.py``'s targets time. The runs are submitted by a process of their own,
-not counted; the drain runs twice under callgrind, over 128 runs and over 384 (each in a
-schema of its own, dropped after), and the difference over 256 runs is one run's cost:
-its claim and read, its 7 appends' share of the group commits, its share of the looks
-and of reading the log. Only the worker's client side is counted, every thread of it;
-the server's work and the waits are not.
+of the engine takes 15–30 s, a worker's about 50 s at concurrency 64 and 70 s at 1.
 """
 
 from __future__ import annotations
@@ -147,7 +151,8 @@ def count(saga_root: Path, runs: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=20,
-                        help="chains of 20 steps counted (the difference of two processes)")
+                        help="chains of 20 steps counted (the difference of two processes; "
+                             "not used with --worker)")
     parser.add_argument("--saga", action="append", type=Path,
                         help="a checkout of saga to count (default: this one); repeatable")
     parser.add_argument("--worker", type=int, metavar="C",
@@ -157,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         "SAGA_BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test"),
                         help="the server --worker uses (a schema instr_<random> each count)")
     args = parser.parse_args(argv)
+    if args.worker is not None and args.worker < 1:
+        parser.error("--worker takes a concurrency of 1 or more")
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
     for root in [r.resolve() for r in args.saga or [ROOT]]:
