@@ -47,9 +47,11 @@ import sys
 import uuid
 from pathlib import Path
 
-from bench import SHAPES
+from bench import DEFAULT_PG_URL, SHAPES
 
 ROOT = Path(__file__).resolve().parents[2]
+#: The two drains of ``--worker``, in runs: their difference is what is counted.
+WORKER_RUNS = (128, 384)
 
 #: Run inside callgrind: warm up, then ``N`` more runs of the composition (both from the
 #: environment: ``bench.py``'s chain of 20).
@@ -119,9 +121,11 @@ def callgrind(script: str, args: list[str], env: dict[str, str], saga_root: Path
         raise SystemExit(f"callgrind failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
     # An installed saga (an editable install's import hook) would answer for a checkout
     # that is not a package: say so instead of counting it.
-    if f"saga from {saga_root / 'saga'}\n" not in done.stdout or expect not in done.stdout:
-        raise SystemExit(f"{saga_root} was not the saga imported, or the work was not "
-                         f"done: {done.stdout.strip()}")
+    if f"saga from {saga_root / 'saga'}\n" not in done.stdout:
+        raise SystemExit(f"{saga_root} was not the saga imported: {done.stdout.strip()}")
+    if expect not in done.stdout:
+        raise SystemExit(f"the counted process did not do its work (expected {expect!r}): "
+                         f"{done.stdout.strip()}")
     return int(found.group(1))
 
 
@@ -158,8 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker", type=int, metavar="C",
                         help="count a worker draining 3-step chains from PostgreSQL at "
                              "concurrency C, per run, instead of the engine alone")
-    parser.add_argument("--pg-url", default=os.environ.get(
-        "SAGA_BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test"),
+    parser.add_argument("--pg-url", default=DEFAULT_PG_URL,
                         help="the server --worker uses (a schema instr_<random> each count)")
     args = parser.parse_args(argv)
     if args.worker is not None and args.worker < 1:
@@ -168,10 +171,12 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
     for root in [r.resolve() for r in args.saga or [ROOT]]:
         if args.worker is not None:
-            base = count_worker(root, 128, args.worker, args.pg_url)
-            more = count_worker(root, 384, args.worker, args.pg_url)
-            print(f"{root}: {(more - base) / 256:,.0f} instructions per run (a worker at "
-                  f"concurrency {args.worker}, chains of 3 noop steps on PostgreSQL)")
+            fewer, more = WORKER_RUNS
+            base = count_worker(root, fewer, args.worker, args.pg_url)
+            counted = count_worker(root, more, args.worker, args.pg_url)
+            print(f"{root}: {(counted - base) / (more - fewer):,.0f} instructions per run "
+                  f"(a worker at concurrency {args.worker}, chains of 3 noop steps on "
+                  "PostgreSQL)")
             continue
         base, more = count(root, 0), count(root, args.runs)
         per_step = (more - base) / (args.runs * len(SHAPES["chain20"]["steps"]))
