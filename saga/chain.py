@@ -25,6 +25,7 @@ GENESIS = ""
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _ENVELOPE = ("originator_id", "originator_version", "timestamp", "originator_topic")
 _DEFAULTS: dict[type, tuple[tuple[str, Any, Any], ...]] = {}
+_FIELDS: dict[type, frozenset[str]] = {}
 # One encoder for every hash: json.dumps with options builds a new one at each call.
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                               default=str)
@@ -95,11 +96,12 @@ def seal(state: dict[str, Any], key: bytes | None) -> str:
 
 
 def link_fields(event_type: str, version: int, timestamp: str, actor: str | None,
-                fields: dict[str, Any], prev: str, key: bytes | None
+                payload: dict[str, Any], prev: str, key: bytes | None
                 ) -> tuple[dict[str, Any], str]:
     """The chain fields of a new event (its actor, predecessor link, payload hash and,
-    with an audit key, the HMAC of its own link), and that link."""
-    digest = payload_hash(payload_of(fields))
+    with an audit key, the HMAC of its own link), and that link. ``payload``: the
+    event's fields but the envelope and the chain fields (:func:`payload_of`)."""
+    digest = payload_hash(payload)
     link = event_hash(event_type, version, timestamp, actor, digest, prev)
     return {"actor": actor, "prev_hash": prev, "payload_hash": digest,
             "mac": sign(key, link) if key else None}, link
@@ -119,3 +121,22 @@ def payload_defaults(event_class: type) -> tuple[tuple[str, Any, Any], ...]:
             and (f.default is not dataclasses.MISSING
                  or f.default_factory is not dataclasses.MISSING))
     return found
+
+
+def new_event(event_class: Any, originator_id: Any, version: int, timestamp: Any,
+              payload: dict[str, Any], chain: dict[str, Any]) -> Any:
+    """An event of a run, made as the library's mapper makes one it reads back: its fields
+    become its ``__dict__``. A frozen dataclass's ``__init__`` sets each field through
+    ``object.__setattr__``, which cost more than the rest of making the event; what it
+    checked, that every field and no other is given, is checked here."""
+    state = {"originator_id": originator_id, "originator_version": version,
+             "timestamp": timestamp, **payload, **chain}
+    names = _FIELDS.get(event_class)
+    if names is None:
+        names = _FIELDS[event_class] = frozenset(f.name for f in dataclasses.fields(event_class))
+    if state.keys() != names:
+        raise TypeError(f"{event_class.__name__} takes the fields {sorted(names)}, "
+                        f"not {sorted(state)}")
+    event = object.__new__(event_class)
+    object.__setattr__(event, "__dict__", state)
+    return event

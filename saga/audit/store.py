@@ -21,6 +21,7 @@ from saga.audit.chain import (
 from saga.chain import canonical
 from saga.config import Settings
 from saga.domain import TOPIC_PREFIX, run_uuid
+from saga.domain.steps import DERIVED
 from saga.errors import DoctoredSnapshotError, RunNotFoundError, StoreUnavailableError, first_line
 from saga.store.application import SagaApplication
 from saga.store.partitions import partition_of, partition_settings
@@ -224,8 +225,10 @@ def _check_snapshot(settings: Settings, result: Result, key: bytes | str | None,
 
 
 def _comparable(run: Any) -> bytes:
-    """A run's state, as canonical JSON, without what a snapshot adds."""
-    state = {k: v for k, v in vars(run).items() if k not in ("_pending_events", "seal")}
+    """A run's state, as canonical JSON, without what a snapshot adds or what is derived
+    from the rest (which one object may have worked out and the other not yet)."""
+    state = {k: v for k, v in vars(run).items()
+             if k not in ("_pending_events", "seal") and k not in DERIVED}
     return canonical(state)
 
 

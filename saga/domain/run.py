@@ -18,7 +18,15 @@ from uuid import uuid4
 from eventsourcing.domain import Aggregate
 from eventsourcing.domain import Snapshot as LibrarySnapshot
 
-from saga.chain import GENESIS, event_hash, genesis, link_fields, payload_defaults, seal
+from saga.chain import (
+    GENESIS,
+    event_hash,
+    genesis,
+    link_fields,
+    new_event,
+    payload_defaults,
+    seal,
+)
 from saga.domain.commands import RunCommands
 from saga.domain.steps import DERIVED, StepStates
 from saga.domain.vocabulary import (
@@ -85,7 +93,7 @@ class Run(RunCommands, StepStates, Aggregate):
             aggregate = super().mutate(aggregate)
             aggregate._reindex(self.changed())
             aggregate.status = status_after(type(self).__name__, before,
-                                            still_waiting=aggregate.is_waiting)
+                                            still_waiting=lambda: aggregate.is_waiting)
             aggregate.head_hash = link
             return aggregate
 
@@ -150,8 +158,7 @@ class Run(RunCommands, StepStates, Aggregate):
                                   kwargs, self.head_hash, self.audit_key)
         # What the library's trigger_event does, but the event joins the chain with the
         # link just computed: its mutate would hash it (and format its time) again.
-        event = event_class(originator_id=self.id, originator_version=version,
-                            timestamp=timestamp, **kwargs, **chain)
+        event = new_event(event_class, self.id, version, timestamp, kwargs, chain)
         event.chain_onto(self, link)
         self._pending_events.append(event)
 
@@ -180,7 +187,11 @@ class Run(RunCommands, StepStates, Aggregate):
     @property
     def run_id(self) -> str:
         """The run's id as text: the name its caller chose, else its UUID."""
-        return str(self.context.get("run_id") or self.id)
+        # Asked a few times per step (keys, spans, logs): formatting a UUID is not free.
+        found: str | None = self.__dict__.get("_run_id")
+        if found is None:
+            found = self.__dict__["_run_id"] = str(self.context.get("run_id") or self.id)
+        return found
 
     @property
     def name(self) -> str:

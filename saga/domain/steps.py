@@ -16,8 +16,9 @@ from saga.domain.vocabulary import StepState, step_key
 
 #: A step execution in one of these states is settled: nothing is left to decide for it.
 SETTLED = frozenset({"completed", "skipped", "compensated"})
-#: The attributes holding derived indexes, which a snapshot leaves out.
-DERIVED = ("_unsettled", "_touched", "_derived")
+#: The attributes holding what is derived (indexes, the run's id as text), which a
+#: snapshot leaves out.
+DERIVED = ("_unsettled", "_touched", "_derived", "_run_id")
 
 
 class StepStates:

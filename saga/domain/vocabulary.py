@@ -4,7 +4,7 @@ ids every stage uses, and recorded-time arithmetic. Pure."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, Literal, TypedDict, get_args
 from uuid import UUID, uuid5
@@ -95,12 +95,14 @@ def event_name(topic: str) -> str:
     return topic.removeprefix(TOPIC_PREFIX)
 
 
-def status_after(event: str, status: RunStatus, *, still_waiting: bool = False) -> RunStatus:
+def status_after(event: str, status: RunStatus, *,
+                 still_waiting: bool | Callable[[], bool] = False) -> RunStatus:
     """The run status an event leaves, from the status before it: the one rule the
     aggregate, the read model and the worker's index all fold with.
 
     ``still_waiting``: after an event that may end a wait (:data:`RESOLVING`), an
-    approval, a timer or a signal is still awaited.
+    approval, a timer or a signal is still awaited. A callable is asked only when the
+    answer matters: the aggregate's own answer walks its open steps, on every event.
     """
     if event in ENDINGS:
         return ENDINGS[event]
@@ -114,7 +116,8 @@ def status_after(event: str, status: RunStatus, *, still_waiting: bool = False) 
         return "waiting"
     if event in ("RunStarted", "RunRetried", "RunUnpaused") or (
             status == "waiting" and event in RESOLVING):
-        return "waiting" if still_waiting else "running"
+        waiting = still_waiting() if callable(still_waiting) else still_waiting
+        return "waiting" if waiting else "running"
     return status
 
 
@@ -155,9 +158,21 @@ def child_run_id(parent_run_id: str, step_id: str, iteration: int) -> str:
     return str(uuid5(_CHILD_NAMESPACE, f"{parent_run_id}:{step_id}:{iteration}"))
 
 
+#: The last time :func:`iso` formatted, and its text: a new event's time is formatted for
+#: its hash and then again by the handler that applies it. Held by the value itself, so
+#: an ``is`` match is that very object (one tuple, so threads read a matching pair).
+_LAST_ISO: tuple[Any, str] = (None, "None")
+
+
 def iso(value: Any) -> str:
     """A recorded time as ISO text."""
-    return value.isoformat() if hasattr(value, "isoformat") else str(value)
+    global _LAST_ISO
+    last = _LAST_ISO
+    if last[0] is value:
+        return last[1]
+    text = value.isoformat() if hasattr(value, "isoformat") else str(value)
+    _LAST_ISO = (value, text)
+    return text
 
 
 def ms_between(start: str | None, end: str) -> int | None:

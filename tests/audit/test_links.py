@@ -61,3 +61,52 @@ def test_a_new_event_is_hashed_once(monkeypatch: pytest.MonkeyPatch) -> None:
     calls.clear()  # begin() builds its first link apart
     step_through(run)
     assert calls == [type(e).__name__ for e in run.pending_events[1:]]
+
+
+def test_a_new_event_is_the_event_its_class_would_make() -> None:
+    """Events are made without their dataclass ``__init__`` (see ``chain.new_event``): the
+    same event, and still refused without a field or with one too many."""
+    run = a_run()
+    step_through(run)
+    for event in run.pending_events[1:]:
+        made = type(event)(**vars(event))
+        assert made == event and vars(made) == vars(event)
+    started = run.pending_events[1]
+    links = {k: getattr(started, k) for k in chain.CHAIN_FIELDS}
+    payload = chain.payload_of(vars(started))
+    made = chain.new_event(type(started), started.originator_id, started.originator_version,
+                           started.timestamp, payload, links)
+    assert made == started
+    with pytest.raises(TypeError, match="worker"):
+        chain.new_event(type(started), started.originator_id, started.originator_version,
+                        started.timestamp, {k: v for k, v in payload.items() if k != "worker"},
+                        links)
+    with pytest.raises(TypeError, match="StepStarted"):
+        chain.new_event(type(started), started.originator_id, started.originator_version,
+                        started.timestamp, {**payload, "extra": 1}, links)
+
+
+def test_the_run_id_text_is_derived_not_stored() -> None:
+    run = a_run()
+    assert run.run_id == str(run.id)
+    snapshot = Run.Snapshot.take(run)
+    assert "_run_id" not in snapshot.state
+    assert snapshot.mutate(None).run_id == str(run.id)
+
+
+def test_only_an_event_that_may_end_a_wait_asks_whether_the_run_still_waits(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[int] = []
+    original = Run.is_waiting
+
+    def counted(self: Run) -> bool:
+        asked.append(self.version)
+        return bool(original.fget(self))  # type: ignore[misc]
+
+    monkeypatch.setattr(Run, "is_waiting", property(counted))
+    run = a_run()  # RunStarted: asked
+    run.start_step("a", 0, 1, {})  # a step starting ends no wait: not asked
+    run.request_approval("b", "ok?")
+    assert run.status == "waiting"
+    run.decide_approval("b", True, "alice", "fine")  # may end it: asked
+    assert asked == [1, 4] and run.status == "running"
