@@ -6,7 +6,6 @@ import importlib
 import os
 import sys
 from collections.abc import Iterable, Mapping
-from importlib.metadata import entry_points
 from typing import Any
 
 from saga.config import Settings
@@ -43,16 +42,35 @@ def load_registry(modules: Iterable[str] = (), settings: Settings | None = None)
     """
     config: Mapping[str, Any] = settings.file if settings is not None else {}
     import_modules(modules)
-    registry = Registry(builtin.builtin_tools(config), mcp.providers(config))
-    for ep in entry_points(group="saga.tools"):
-        try:
-            loaded = ep.load()
-        except Exception as e:  # a broken plugin must not hide the others
-            raise ConfigError(f"cannot load tool entry point {ep.name!r}: {e}") from e
-        if isinstance(loaded, Tool):
-            registry.add(loaded)
-        elif callable(loaded):
-            registry.add(Tool(ep.name, loaded, source=f"entry-point:{ep.value}"))
+    registry = Registry(builtin.builtin_tools(config),
+                        [*mcp.providers(config), EntryPointTools()])
     for t in DECORATED:
         registry.add(t)
     return registry
+
+
+class EntryPointTools:
+    """The tools installed packages publish in the ``saga.tools`` entry-point group: a
+    provider the registry asks on the first name no other tool has, or when every tool
+    is listed. Reading every installed package's entry points took 2–3 ms of every
+    command here (11 ms in a process that had not read them yet), though most commands
+    name only built-in tools. A name a built-in, decorated or MCP tool already has stays
+    theirs: an installed package cannot replace a built-in tool behind its user's back."""
+
+    prefix = ""  # any name may be an entry point's
+
+    def load(self) -> list[Tool]:
+        """The group's tools (ConfigError names an entry point that cannot be loaded)."""
+        from importlib.metadata import entry_points
+
+        tools: list[Tool] = []
+        for ep in entry_points(group="saga.tools"):
+            try:
+                loaded = ep.load()
+            except Exception as e:  # a broken plugin must not hide the others
+                raise ConfigError(f"cannot load tool entry point {ep.name!r}: {e}") from e
+            if isinstance(loaded, Tool):
+                tools.append(loaded)
+            elif callable(loaded):
+                tools.append(Tool(ep.name, loaded, source=f"entry-point:{ep.value}"))
+        return tools
