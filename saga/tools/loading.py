@@ -6,6 +6,7 @@ import importlib
 import os
 import sys
 from collections.abc import Iterable, Mapping
+from importlib.metadata import entry_points
 from typing import Any
 
 from saga.config import Settings
@@ -61,8 +62,6 @@ class EntryPointTools:
 
     def load(self) -> list[Tool]:
         """The group's tools (ConfigError names an entry point that cannot be loaded)."""
-        from importlib.metadata import entry_points
-
         tools: list[Tool] = []
         for ep in entry_points(group="saga.tools"):
             try:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from saga.errors import ConfigError
-from saga.tools import load_registry
+from saga.tools import load_registry, loading
 
 PLUGIN = '''
 def plugged(params, ctx):
@@ -56,7 +56,7 @@ def test_built_in_tools_do_not_read_the_entry_points(plugin: Path,
         read.append(kwargs.get("group", ""))
         return original(**kwargs)
 
-    monkeypatch.setattr(importlib.metadata, "entry_points", counted)
+    monkeypatch.setattr(loading, "entry_points", counted)
     registry = load_registry()
     assert registry.get("noop").source == "builtin" and "echo" in registry
     assert read == []
