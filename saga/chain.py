@@ -5,7 +5,8 @@ value hashes the same in any process and any language. Each event of a run recor
 hash of its own payload and the link of its predecessor; its own link covers its type,
 version, time, actor, payload hash and predecessor (see :func:`event_hash`), and with an
 audit key, an HMAC of that link. This module is pure: the aggregate writes the chain
-(:mod:`saga.domain`) and the auditor reads it back (:mod:`saga.audit`).
+(:mod:`saga.domain`, whose new events :func:`new_event` makes with their chain fields)
+and the auditor reads it back (:mod:`saga.audit`).
 """
 
 from __future__ import annotations

@@ -149,9 +149,10 @@ class ToolProvider(Protocol):
 class Registry:
     """Tools by name, plus providers whose tools are loaded on first use.
 
-    A provider (an MCP server) is asked for its tools only when a name with its prefix
-    is looked up (``get``, ``in``, ``tools()[name]``) or when every tool is listed
-    (iteration, ``names()``, ``len(tools())``).
+    A provider (an MCP server; the entry-point group, whose prefix is empty) is asked for
+    its tools only when a name with its prefix that no tool has yet is looked up
+    (``get``, ``in``, ``tools()[name]``) or when every tool is listed (iteration,
+    ``names()``, ``len(tools())``).
     """
 
     def __init__(self, tools: Iterable[Tool] = (),
