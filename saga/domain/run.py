@@ -17,6 +17,7 @@ from uuid import uuid4
 
 from eventsourcing.domain import Aggregate
 from eventsourcing.domain import Snapshot as LibrarySnapshot
+from eventsourcing.utils import register_topic
 
 from saga.chain import (
     GENESIS,
@@ -598,3 +599,9 @@ class Run(RunCommands, StepStates, Aggregate):
 
     def _finish(self, e: Any) -> None:
         self.finished_at = iso(e.timestamp)
+
+
+# The library registers the topics of an aggregate's events when the class is made, but
+# a snapshot class's only when a snapshot is first taken: a process that only reads
+# (a CLI command, another worker) could not resolve the topic of a stored snapshot.
+register_topic(Run.Snapshot.TOPIC, Run.Snapshot)

@@ -20,6 +20,7 @@ from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Application, ProcessingEvent
 from eventsourcing.persistence import IntegrityError, PersistenceError
+from eventsourcing.utils import TopicError
 
 from saga.config import Settings
 from saga.domain import TOPIC_PREFIX, Run, iso, run_uuid
@@ -196,7 +197,8 @@ class SagaApplication(Application[UUID]):
                 return self.repository.get(uid, version=version)
             except AggregateNotFoundError:
                 return None
-            except DoctoredSnapshotError as e:  # never act on it: rebuild from the events
+            except (DoctoredSnapshotError, TopicError) as e:  # a snapshot is only a cache:
+                # never act on one that is doctored or unreadable; rebuild from the events
                 log.warning("%s; rebuilding run %s from its events", e, run_id)
                 return self._fold(uid, version)
         run = self._io("reading a run", read)
@@ -253,7 +255,7 @@ class SagaApplication(Application[UUID]):
         for uid, (snapshot, events) in loaded.items():
             try:
                 run = self._build(snapshot, events)
-            except DoctoredSnapshotError:  # read again on its own: rebuilt from its events
+            except (DoctoredSnapshotError, TopicError):  # read again on its own: rebuilt
                 run = self.get_run(by_uid[uid])
             if run is not None:
                 runs[by_uid[uid]] = run
