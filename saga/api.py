@@ -39,7 +39,7 @@ from saga.errors import (
     RunStateError,
     SagaError,
 )
-from saga.executor import TOOL_THREADS, EventHook, Executor, ToolThreads
+from saga.executor import TOOL_THREADS, EventHook, Executor, ToolThreads, check_tools
 from saga.lazy import lazy
 from saga.projection import Projection, open_projection
 from saga.scheduler import compensation_order, is_loop_parent
@@ -55,7 +55,7 @@ from saga.store import (
     wait_for_lease,
 )
 from saga.telemetry import metrics, tracing
-from saga.tools import Registry, load_registry
+from saga.tools import Registry, load_registry, modules_of
 from saga.views import check_moments, row_summary, run_summary
 
 if TYPE_CHECKING:
@@ -218,6 +218,8 @@ class Saga:
             options.setdefault("quarantine_after", self.settings.quarantine_after)
         options.update(queue_options(queue or options.get("queue") or plan.definition.queue,
                                      options.get("priority") if priority is None else priority))
+        if modules := modules_of(plan.tools_named(), self.registry):  # to name in hints
+            options.setdefault("tool_modules", modules)
         given = dict(context or {})
         trace = tracing.trace_context(given.pop("traceparent", None))
         recorded_context: dict[str, Any] = {**given, **trace,
@@ -339,6 +341,7 @@ class Saga:
         if run.is_finished:
             raise RunStateError(f"run {run_id} already ended {run.status}")
         _refuse_redacted(run)
+        check_tools(self.registry, run)  # before waiting for its lease: nothing changes
         return self.drive(run, on_events=on_events)
 
     def retry(self, run_id: str, *, actor: str | None = None, reason: str | None = None,
@@ -441,11 +444,13 @@ class Saga:
         raise ConcurrentWriteError(run_id)
 
     def _command(self, run_id: str, record: Any, on_events: EventHook | None) -> Run:
-        """Append a command's event (reloading on a concurrent write), then drive the run."""
+        """Append a command's event (reloading on a concurrent write), then drive the run
+        (nothing is appended when this process lacks a tool the drive needs)."""
         for _ in range(5):
             run = self.get(run_id)
             _refuse_redacted(run)
-            record(run)
+            record(run)  # a command that does not apply says so first
+            check_tools(self.registry, run)
             pending = list(run.pending_events)
             try:
                 self.app.save_run(run)

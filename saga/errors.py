@@ -118,6 +118,24 @@ class UnknownToolError(SagaError):
     exit_code = 2
 
 
+class ToolsMissingError(UnknownToolError):
+    """Raised before a run is driven when this process lacks tools the run names (its
+    ``--tools`` module was not given): an operator's mistake, so nothing was recorded.
+    ``modules``: the modules the run was started with, when it recorded them."""
+
+    def __init__(self, run_id: str, tools: list[str], modules: list[str]) -> None:
+        self.run_id = run_id
+        self.tools = list(tools)
+        self.modules = list(modules)
+        names = ", ".join(repr(t) for t in self.tools)
+        given = " ".join(f"--tools {m}" for m in self.modules) or "--tools MODULE"
+        listed = ", ".join(f'"{m}"' for m in self.modules) or '"MODULE"'
+        super().__init__(
+            f"run {run_id} needs tool{'s' if len(self.tools) != 1 else ''} {names}, which "
+            f"this process does not have; nothing was changed: give {given} or list it in "
+            f"saga.toml (tools = [{listed}])")
+
+
 class StoreUnavailableError(SagaError):
     """Raised when the event store cannot be opened or reached. ``lost``: the connection
     was lost in the middle of an operation, which a new connection may cure (see

@@ -32,6 +32,7 @@ from saga.cli.render import (
 from saga.composition import plan_of
 from saga.composition.definition import coerce_text, parse_text
 from saga.errors import DefinitionError, InputError, Problem, SagaError
+from saga.executor import recorded_modules
 from saga.lazy import lazy
 from saga.views import run_summary
 
@@ -452,8 +453,11 @@ def _decision_command(name: str, approved: bool, doc: str) -> None:
             _emit_json({"run_id": run.run_id, "step_id": step_id, "decision": done,
                         "status": run.status})
             return
+        # The --tools modules it was started with (that saga.toml does not list): a
+        # resume without them would be refused.
+        given = [f" --tools {m}" for m in recorded_modules(run) if m not in s.settings.tools]
         click.echo(f"{step_id} {done} on run {run.run_id}; continue it with: "
-                   f"saga resume {run.run_id}")
+                   f"saga resume {run.run_id}{''.join(given)}")
 
 
 _decision_command("approve", True, "Approve a step that waits for confirmation.\n\n\b\n"

@@ -222,6 +222,11 @@ class GraphPlan(Plan):
                     update={"id": gate_step_id(node.id, gate)})
         return steps
 
+    def tools_named(self) -> set[str]:
+        """Every tool a run may call, its tasks' gates included."""
+        gates = {step.tool for step in self.gate_steps.values() if step.tool is not None}
+        return super().tools_named() | gates
+
     def _dump(self) -> dict[str, Any]:
         # Recorded in ``RunStarted``: the normalised graph, exit points filled in.
         return self.model.model_dump(mode="json", exclude_defaults=True)

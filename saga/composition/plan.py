@@ -121,6 +121,17 @@ class Plan:
             return self.graph.ancestors(step_id)
         return set(nx.ancestors(self.graph, step_id))
 
+    def tools_named(self) -> set[str]:
+        """Every tool a run of this plan may call: its steps', their compensations' and
+        their auto-heal remedies' (a nested composition names its own)."""
+        names: set[str] = set()
+        for step in self.steps.values():
+            calls = [step.compensation, *(call for h in step.heal for call in h.do)]
+            names.update(c.tool for c in calls if c is not None and c.tool is not None)
+            if step.tool is not None:
+                names.add(step.tool)
+        return names
+
     def rollback_plan(self) -> dict[str, str | None]:
         """How each step is undone on rollback, by step id (None: it is not)."""
         plan: dict[str, str | None] = {}

@@ -22,6 +22,7 @@ from typing import Any
 
 from saga.composition import Plan, plan_of
 from saga.domain import Run
+from saga.errors import ToolsMissingError
 from saga.executor.drive import Drive, EventHook, LeaseLike
 from saga.store.application import SagaApplication
 from saga.store.cache import ToolCache
@@ -30,11 +31,44 @@ from saga.store.side_tables import Database
 from saga.store.undo import UndoStore
 from saga.tools import Registry
 
-__all__ = ["TOOL_THREADS", "EventHook", "Executor", "LeaseLike", "ToolThreads", "plan_of"]
+__all__ = ["TOOL_THREADS", "EventHook", "Executor", "LeaseLike", "ToolThreads", "check_tools",
+           "plan_of", "recorded_modules"]
 
 
 #: Tool threads per run driven at once (a drive's calls past that many wait their turn).
 TOOL_THREADS = 16
+
+
+def recorded_modules(run: Run) -> list[str]:
+    """The ``--tools`` modules a run was started with, as its ``RunStarted`` recorded them
+    (its options' ``tool_modules``; none for a run started before they were recorded)."""
+    modules = run.options.get("tool_modules") if isinstance(run.options, dict) else None
+    return [str(m) for m in modules] if isinstance(modules, list) else []
+
+
+def tools_needed(plan: Plan, run: Run) -> set[str]:
+    """The tools a drive of the run may call from here on: any the plan names, or, once
+    the run compensates, only its steps' compensations (a cancel needs no forward tool)."""
+    if run.compensation is None:
+        return plan.tools_named()
+    names: set[str] = set()
+    for state in run.steps.values():
+        step = plan.step(state["step_id"])
+        call = step.compensation
+        if call is not None and step.use is None:
+            tool = call.tool if call.tool is not None else step.tool
+            names.update([tool] if tool is not None else [])
+    return names
+
+
+def check_tools(registry: Registry, run: Run, plan: Plan | None = None) -> None:
+    """Raise ToolsMissingError, before anything is recorded, when ``registry`` lacks a
+    tool the drive may call: a process started without the run's ``--tools`` module must
+    leave the run as it was (promise 7), not fail it."""
+    plan = plan or plan_of(run)
+    missing = sorted(name for name in tools_needed(plan, run) if name not in registry)
+    if missing:
+        raise ToolsMissingError(run.run_id, missing, recorded_modules(run))
 
 
 def _now() -> datetime:
@@ -174,7 +208,10 @@ class Executor:
         return driven[0]
 
     async def drive_async(self, run: Run, lease: LeaseLike | None = None) -> Run:
-        """Async form of :meth:`drive`."""
+        """Async form of :meth:`drive` (ToolsMissingError, with nothing recorded, when the
+        registry lacks a tool the run names)."""
+        plan = plan_of(run)
+        check_tools(self.registry, run, plan)
         # A worker's group commit counts its drives, a child run's too (see GroupCommit).
         with self.group.driving() if self.group is not None else contextlib.nullcontext():
-            return await Drive(self, run, plan_of(run), lease).go()
+            return await Drive(self, run, plan, lease).go()

@@ -18,7 +18,7 @@ from saga.tools.base import (
     ToolFunc,
     tool,
 )
-from saga.tools.loading import import_modules, load_registry
+from saga.tools.loading import import_modules, load_registry, modules_of
 
 __all__ = ["DECORATED", "UNDO", "ParamSchema", "Registry", "Tool", "ToolContext", "ToolFunc",
-           "import_modules", "load_registry", "tool"]
+           "import_modules", "load_registry", "modules_of", "tool"]

@@ -33,6 +33,19 @@ def import_modules(modules: Iterable[str]) -> None:
             raise ConfigError(f"cannot import tools module {module!r}: {e}") from e
 
 
+def modules_of(names: Iterable[str], registry: Registry) -> list[str]:
+    """The Python modules that define these tools (``--tools`` modules, saga.toml's
+    ``tools``): what another process must import to call them. Built-in, entry-point and
+    MCP tools are found without one; a script's own tools (``__main__``) have none."""
+    modules = set()
+    for name in names:
+        source = registry.get(name).source if name in registry else ""
+        module = source.removeprefix("python:") if source.startswith("python:") else ""
+        if module and module != "__main__":
+            modules.add(module)
+    return sorted(modules)
+
+
 def load_registry(modules: Iterable[str] = (), settings: Settings | None = None) -> Registry:
     """Built-ins, MCP servers' tools, entry-point tools and decorated tools (after
     importing ``modules``).

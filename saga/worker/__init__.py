@@ -25,7 +25,13 @@ from typing import Any
 
 from saga.config import QueueLimit
 from saga.domain import Run
-from saga.errors import ConcurrentWriteError, LeaseLostError, SagaError, StoreUnavailableError
+from saga.errors import (
+    ConcurrentWriteError,
+    LeaseLostError,
+    SagaError,
+    StoreUnavailableError,
+    ToolsMissingError,
+)
 from saga.executor import TOOL_THREADS, Executor, ToolThreads
 from saga.store.application import SagaApplication
 from saga.store.group_commit import GroupCommit
@@ -104,6 +110,9 @@ class Worker:
         #: saga's PostgreSQL recorder, and a queue's limits count what the log says (a
         #: run started and finished elsewhere meanwhile must not count as a start here).
         self._follow_always = not self._appends or self._limits
+        #: The runs (with the tools they need) this worker left for lack of tools, each
+        #: said once in its log.
+        self._missing: set[tuple[str, tuple[str, ...]]] = set()
         self._stopping: asyncio.Event | None = None
         self._running: tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None = None
 
@@ -410,6 +419,14 @@ class Worker:
             log.info("backing off run %s: %s", run_id, e)
         except StoreUnavailableError as e:  # taken up again once the store is back
             log.warning("run %s: %s; it will be driven again", run_id, e)
+        except ToolsMissingError as e:
+            # Nothing was recorded: the run is left for a worker with the tools (this one
+            # looks again after HELD_RECHECK, and says so once per run and tools).
+            if (run_id, tuple(e.tools)) not in self._missing:
+                self._missing.add((run_id, tuple(e.tools)))
+                log.warning("worker %s leaves run %s to a worker that has its tools: %s",
+                            self.worker_id, run_id, e)
+            self._failed.append(run_id)
         except SagaError as e:
             log.error("run %s: %s (tried again in %.0f s)", run_id, e, HELD_RECHECK)
             self._failed.append(run_id)
