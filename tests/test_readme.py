@@ -1,4 +1,23 @@
-"""The README's examples, pasted as a user would: files written, commands run."""
+"""The README's and the documentation's examples, pasted as a user would: files written,
+commands run.
+
+Conventions of the pages (README.md and docs/**/*.md), which this file relies on:
+
+- A fenced ``yaml``, ``python`` or ``toml`` block whose first line is a comment naming a
+  file (``# deploy.yaml``) is that file: each name is used once across all pages, and the
+  tests write it before running what the page shows.
+- Every ``bash`` block of a page in docs/ is run, as written: a page's blocks in order, in
+  one fresh directory holding that page's named files, on a SQLite store of its own
+  (``SAGA_HOME``). A line whose comment says ``# exit N`` must exit N; every other command
+  must succeed. So a ``bash`` block must be self-contained.
+- ``console`` and ``text`` blocks are shown, never run: they need what a test does not
+  have (a clone to install from, a server that runs until stopped, PostgreSQL, root) or
+  hold placeholders such as ``RUN``. Some of them are run with those things by the tests
+  named beside them below (the approval and graph-form examples, the curl examples in
+  tests/server/test_api.py).
+- README.md's blocks are not run blindly (its quick start installs the package); the tests
+  below run its commands.
+"""
 
 from __future__ import annotations
 
@@ -17,15 +36,25 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+PAGES = {p.relative_to(ROOT).as_posix(): p.read_text(encoding="utf-8")
+         for p in sorted((ROOT / "docs").rglob("*.md"))}
+EVERYTHING = "\n".join([README, *PAGES.values()])
+_NAMED = re.compile(r"```(?:yaml|python|toml)\n(.*?)```", re.S)
 
 
-def named_blocks() -> dict[str, str]:
+def page(name: str) -> str:
+    """One documentation page's text, by its path under docs/."""
+    return PAGES[f"docs/{name}"]
+
+
+def named_blocks(text: str = EVERYTHING) -> dict[str, str]:
     """Fenced blocks whose first line is a comment naming a file (``# deploy.yaml``)."""
-    blocks = {}
-    for body in re.findall(r"```(?:yaml|python|toml)\n(.*?)```", README, re.S):
+    blocks: dict[str, str] = {}
+    for body in _NAMED.findall(text):
         first = body.splitlines()[0]
         match = re.match(r"#\s*(\S+\.(?:yaml|py|toml))$", first)
         if match:
+            assert match.group(1) not in blocks, f"{match.group(1)} is named twice"
             blocks[match.group(1)] = body
     return blocks
 
@@ -49,8 +78,26 @@ def workdir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_the_readme_names_its_example_files() -> None:
-    assert {"deploy.yaml", "mytools.py", "saga.toml"} <= set(named_blocks())
+def test_the_pages_name_their_example_files() -> None:
+    assert {"deploy.yaml", "mytools.py", "saga.toml", "batch.yaml", "gate.yaml",
+            "order.yaml", "report.yaml", "trip.yaml"} <= set(named_blocks())
+
+
+def test_the_readme_is_one_screen_with_the_quick_start_first() -> None:
+    lines = README.splitlines()
+    assert len(lines) <= 250
+    head = "\n".join(lines[:60])
+    for command in ("pip install -e . && saga run quickstart",
+                    "saga run quickstart --input fail_at=ship", "saga list",
+                    "saga history <RUN_ID>", "pip install -e '.[dev]' && bash ops/test.sh"):
+        assert command in head, command
+
+
+def test_the_readme_links_to_files_that_exist() -> None:
+    links = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", README)
+    assert links
+    missing = [link for link in links if not (ROOT / link).exists()]
+    assert missing == []
 
 
 def test_quick_start_runs_and_compensates(workdir: Path) -> None:
@@ -103,7 +150,8 @@ def test_own_tools_via_saga_toml_and_the_python_api(workdir: Path) -> None:
     assert ran.returncode == 0, ran.stderr
     output = json.loads(ran.stdout)["steps"]["make"]["output"]
     assert output["user"] == "ada" and output["attempt"] == 1
-    api_block = re.search(r"```python\n(from saga import Saga\n.*?)```", README, re.S)
+    api_block = re.search(r"```python\n(from saga import Saga\n.*?)```",
+                          page("guide/python-api.md"), re.S)
     assert api_block is not None
     script = api_block.group(1).replace('"deploy.yaml"', '"deploy.yaml"')
     (workdir / "api_example.py").write_text(script)
@@ -145,7 +193,7 @@ def test_the_graph_form_example(tmp_path: Path) -> None:
 
 
 def test_production_controls_as_the_readme_shows(workdir: Path) -> None:
-    """order.yaml: a 3 s sleep, then a signal; the commands of the README in order."""
+    """order.yaml: a 3 s sleep, then a signal; the commands of docs/howto/signals.md."""
     assert sh(["submit", "order.yaml", "--id", "ORDER-7"], workdir).returncode == 0
     assert sh(["worker", "--until-idle", "--poll", "0.05"], workdir).returncode == 0
     status = json.loads(sh(["status", "ORDER-7", "--json"], workdir).stdout)
@@ -168,8 +216,8 @@ def test_production_controls_as_the_readme_shows(workdir: Path) -> None:
 
 
 def test_queues_and_priorities_as_the_readme_shows(workdir: Path) -> None:
-    """The saga.toml table and the commands of "Queues and priorities", pasted."""
-    section = README.split("**Queues and priorities.**", 1)[1].split("\n## ", 1)[0]
+    """The saga.toml table and the commands of docs/howto/queues.md, pasted."""
+    section = page("howto/queues.md")
     toml = re.search(r"```toml\n(.*?)```", section, re.S)
     commands = re.search(r"```bash\n(.*?)```", section, re.S)
     assert toml is not None and commands is not None
@@ -198,7 +246,7 @@ def test_the_observability_examples(workdir: Path) -> None:
     for line in ("OTEL_TRACES_EXPORTER=console saga run quickstart --json 2> spans.jsonl",
                  "saga --log-format json run quickstart 2> log.jsonl",
                  "saga worker --metrics-port 9464 &"):
-        assert line in README, line
+        assert line in page("howto/observability.md"), line
     traced = sh(["run", "quickstart", "--json"], workdir, OTEL_TRACES_EXPORTER="console")
     assert traced.returncode == 0, traced.stderr
     run_id = json.loads(traced.stdout)["run_id"]
@@ -214,19 +262,8 @@ def test_the_observability_examples(workdir: Path) -> None:
     assert idle.returncode == 0, idle.stderr
 
 
-def test_the_command_line_table_lists_every_command() -> None:
-    from saga.cli.app import COMMANDS
-
-    section = README.split("## Command line", 1)[1].split("\n## ", 1)[0]
-    table = "\n".join(line for line in section.splitlines() if line.startswith("| `saga"))
-    missing = [name for name in COMMANDS if not re.search(rf"`saga {name}\b", table)]
-    assert missing == []
-    for flag in ("--id", "--workflow-id", "--label", "--validate-only"):
-        assert flag in table, flag
-
-
-def test_shell_completion_works_as_the_readme_says() -> None:
-    assert "_SAGA_COMPLETE=bash_source saga" in README
+def test_shell_completion_works_as_the_pages_say() -> None:
+    assert "_SAGA_COMPLETE=bash_source saga" in page("reference/cli.md")
     code = "from saga.cli import main; main(prog_name='saga')"
     env = {**os.environ, "_SAGA_COMPLETE": "bash_complete", "COMP_WORDS": "saga projection r",
            "COMP_CWORD": "2"}
@@ -237,3 +274,54 @@ def test_shell_completion_works_as_the_readme_says() -> None:
                             env={**os.environ, "_SAGA_COMPLETE": "bash_source"},
                             capture_output=True, text=True, timeout=60)
     assert "complete -o nosort -F _saga_completion saga" in source.stdout
+
+
+# --- every bash block of the documentation, pasted -------------------------------------
+
+def bash_blocks(text: str) -> list[str]:
+    """A page's ``bash`` blocks, in order."""
+    return re.findall(r"```bash\n(.*?)```", text, re.S)
+
+
+def as_script(block: str) -> str:
+    """A block as bash runs it: continued lines joined, and each line whose comment says
+    ``# exit N`` (N other than 0) checked for that exit code instead of stopping there."""
+    lines = []
+    for line in block.replace("\\\n", " ").splitlines():
+        expected = re.search(r"#\s*exit (\d+)", line)
+        if expected is None or expected.group(1) == "0":
+            lines.append(line)
+            continue
+        command, code = line[:expected.start()].rstrip(), expected.group(1)
+        lines.append(f"set +e; {command}; rc=$?; set -e; [ $rc = {code} ] || "
+                     f"{{ echo \"exit $rc, not {code}:\" {shlex.quote(command)} >&2; exit 97; }}")
+    return "set -eo pipefail\n" + "\n".join(lines) + "\n"
+
+
+RUNNABLE = [name for name, text in PAGES.items() if bash_blocks(text)]
+
+
+def test_the_pages_that_must_run_do() -> None:
+    """The tutorial and the how-to guides have examples to paste (a page with none
+    would pass the test below without running anything)."""
+    for name in ("docs/tutorial.md", "docs/howto/signals.md", "docs/howto/queues.md",
+                 "docs/howto/schedules.md", "docs/howto/approvals.md",
+                 "docs/howto/run-controls.md", "docs/howto/audit.md",
+                 "docs/guide/compositions.md", "docs/concepts/replay.md"):
+        assert name in RUNNABLE, name
+
+
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_a_pages_bash_blocks_run_when_pasted(name: str, tmp_path: Path) -> None:
+    text = PAGES[name]
+    for file, body in named_blocks(text).items():
+        (tmp_path / file).write_text(body, encoding="utf-8")
+    env = {**os.environ, "SAGA_HOME": str(tmp_path / ".saga"),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    for variable in ("SAGA_DATABASE_URL", "SAGA_DATABASE_PARTITIONS", "SAGA_CONFIG"):
+        env.pop(variable, None)
+    for block in bash_blocks(text):
+        done = subprocess.run(["bash", "-c", as_script(block)], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, \
+            f"{name}:\n{block}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"

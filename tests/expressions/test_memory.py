@@ -151,11 +151,11 @@ def test_the_process_does_not_grow_past_the_ceiling() -> None:
     assert report["grown_kib"] < 4 * DEFAULT_MAX_MEMORY // 1024
 
 
-def test_the_readme_limits_table_loads_as_shown(tmp_path: Path) -> None:
+def test_the_documented_limits_table_loads_as_shown(tmp_path: Path) -> None:
     from saga.config import load_settings
 
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    block = next(b for b in re.findall(r"```toml\n(.*?)```", readme, re.S) if "max_memory" in b)
+    page = (ROOT / "docs" / "guide" / "compositions.md").read_text(encoding="utf-8")
+    block = next(b for b in re.findall(r"```toml\n(.*?)```", page, re.S) if "max_memory" in b)
     (tmp_path / "saga.toml").write_text(block, encoding="utf-8")
     settings = load_settings(cwd=tmp_path)
     assert settings.expression_limits() == {"seconds": 2.0, "max_value_size": 10_000_000,

@@ -280,10 +280,10 @@ def test_schedules_over_http(sqlite_server: Server) -> None:
         assert c.get("/api/v1/schedules").json() == []
 
 
-def test_the_readme_curl_examples_work_when_pasted(sqlite_server: Server) -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## The service: `saga serve`", 1)[1].split("\n## ", 1)[0]
-    posts = [b for b in re.findall(r"```bash\n(.*?)```", section, re.S) if "curl -s -X POST" in b]
+def test_the_documented_curl_examples_work_when_pasted(sqlite_server: Server) -> None:
+    section = (ROOT / "docs" / "howto" / "service.md").read_text(encoding="utf-8")
+    posts = [b for b in re.findall(r"```console\n(.*?)```", section, re.S)
+             if "curl -s -X POST" in b]
     assert len(posts) == 2
     answers = []
     for block in posts:
