@@ -67,6 +67,10 @@ def commands() -> list[tuple[str, click.Command]]:
     return found
 
 
+def _anchor(command: str) -> str:
+    return command.replace(" ", "-")
+
+
 def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
@@ -91,11 +95,15 @@ def _option_row(param: click.Parameter) -> str:
 
 
 def cli_markdown() -> str:
-    """The command-line reference: one section per command, usage, help and options."""
-    out: list[str] = []
+    """The command-line reference: a table of every command, then one section per
+    command with its usage, help and options."""
+    out = ["| command | what it does |", "| --- | --- |"]
+    out.extend(f"| [`{name}`](#{_anchor(name)}) | {_cell(cmd.get_short_help_str(limit=300))} |"
+               for name, cmd in commands()[1:])
+    out.append("")
     for name, cmd in commands():
         depth = min(name.count(" ") + 1, 4)
-        out.append(f"{'#' * (depth + 1)} `{name}`\n")
+        out.append(f"{'#' * (depth + 1)} `{name}` {{ #{_anchor(name)} }}\n")
         ctx = click.Context(cmd, info_name=name)
         pieces = cmd.collect_usage_pieces(ctx)
         out.append(f"```text\n{name} {' '.join(pieces)}\n```\n")

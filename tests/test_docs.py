@@ -103,7 +103,8 @@ def test_the_published_schema_accepts_the_example_compositions() -> None:
 
     schema = docs_hooks.composition_schema()
     examples = [*sorted((ROOT / "saga" / "templates").glob("*.yaml")),
-                *sorted((ROOT / "tests" / "seeds").glob("*.*"))]
+                *sorted((ROOT / "tests" / "seeds").glob("*.yaml")),
+                *sorted((ROOT / "tests" / "seeds").glob("*.json"))]
     for path in examples:
         jsonschema.validate(yaml.safe_load(path.read_text(encoding="utf-8")), schema)
     assert len(examples) > 10
