@@ -73,6 +73,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                'Redrive a failed run from its failed steps, keeping completed work; or,...'),
     'run': ('saga.cli.runs',
              "Start a run of FILE (a file or a template's name) and drive it here until..."),
+    'run-graph': ('saga.cli.runs',
+                   "Seed 004's spelling of saga run: run WORKFLOW_FILE here."),
     'schedule': ('saga.cli.admin',
                   'Compositions started on a cron expression or every N seconds, fired by...'),
     'serve': ('saga.cli.service',

@@ -175,6 +175,20 @@ def run(file: str, **options: Any) -> None:
     _run_file(_saga(options["tools"]), file, options)
 
 
+@main.command(name="run-graph")
+@click.argument("workflow_file", type=FilePath())
+@_run_options
+def run_graph(workflow_file: str, **options: Any) -> None:
+    """Seed 004's spelling of saga run: run WORKFLOW_FILE here.
+
+    \b
+    Example:
+      saga run-graph debug_loop.yaml --workflow-id DEBUG-1 -i input="login fails"
+      saga run-graph debug_loop.yaml --validate-only
+    """
+    _run_file(_saga(options["tools"]), workflow_file, options)
+
+
 @main.command()
 @click.argument("file", type=FilePath())
 @_start_options

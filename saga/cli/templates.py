@@ -60,9 +60,10 @@ def templates_list(as_json: bool) -> None:
     for info in infos:
         st = stats.get(info.name) or {}
         rate, mean = st.get("success_rate"), st.get("mean_duration_ms")
+        tags = f"  [{', '.join(info.tags)}]" if info.tags else ""
         click.echo(f"{info.name:<28} {info.category or '':<12} {st.get('runs', 0):>4} "
                    f"{'-' if rate is None else f'{rate:.0%}':>7} {_duration(mean):>7}  "
-                   f"{(info.title or info.description or '')[:60]}")
+                   f"{(info.title or info.description or '')[:60]}{tags}")
 
 
 @templates.command(name="show")
@@ -87,6 +88,8 @@ def templates_show(name: str, as_json: bool) -> None:
     click.echo(f"tools: {', '.join(info.required_tools or [])}")
     if info.description:
         click.echo("\n" + info.description.strip())
+    if info.long_description:
+        click.echo("\n" + info.long_description.strip())
     if info.inputs:
         click.echo("\ninputs:")
         for spec in info.inputs:

@@ -14,7 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from saga.composition.definition import load_file, text_problems
-from saga.composition.library import SUFFIXES, find_template
+from saga.composition.library import (
+    SUFFIXES,
+    find_template,
+    template_document,
+    template_problems,
+)
 from saga.composition.plan import Plan, compile_plan
 from saga.domain import Run
 from saga.errors import CompositionNotFoundError, DefinitionError, Problem
@@ -37,6 +42,12 @@ def compile_any(data: dict[str, Any], *, tools: Tools = None, source: str | None
     problems = text_problems(data)
     if problems:
         raise DefinitionError(problems, source)
+    inner = template_document(data) if isinstance(data, dict) else None
+    if inner is not None:  # seed 001: a template document around its composition
+        problems = template_problems(data, tools)
+        if problems:
+            raise DefinitionError(problems, source)
+        data = inner
     if isinstance(data, dict) and "name" not in data and source and Path(source).suffix:
         data = {"name": Path(source).stem, **data}  # seed 001: the file names it
     if isinstance(data, dict) and "nodes" in data and "steps" not in data:
@@ -62,12 +73,51 @@ def load(source: str | Path | Mapping[str, Any], tools: Tools = None) -> Plan:
         if step.use is None:
             continue
         try:
-            load_child(step.use, tools)
+            child = load_child(step.use, tools)
         except DefinitionError as e:
             problems += [_nested_problem(plan, i, p) for p in e.problems]
+        else:
+            problems += mapping_problems(plan, i, child)
     if problems:
         raise DefinitionError(problems, None if isinstance(source, Mapping) else str(source))
     return plan
+
+
+def mapping_problems(plan: Plan, i: int, child: Plan) -> list[Problem]:
+    """A subgraph node's (seed 004) ``input_mapping`` and ``output_mapping`` checked
+    against the workflow it names, before anything runs: each mapped input is one the
+    child declares, every input it requires is mapped, and each mapped output is one it
+    declares (``outputs.x`` or the seed's bare ``x``)."""
+    if plan.form != "graph":
+        return []
+    node = plan.nodes[plan.definition.steps[i].id]  # type: ignore[attr-defined]
+    config = node.subgraph_config
+    if config is None:
+        return []
+    where = f"nodes[{i}].subgraph_config"
+    problems = []
+    declared = {spec.name: spec for spec in child.definition.inputs}
+    name = child.definition.name
+    if declared and config.input_mapping:
+        for key in config.input_mapping:
+            if key not in declared:
+                problems.append(Problem(f"{where}.input_mapping.{key}",
+                                        f"{name} has no input {key!r} (its inputs: "
+                                        f"{', '.join(declared)})"))
+        missing = [n for n, spec in declared.items() if spec.required and spec.default is None
+                   and n not in config.input_mapping]
+        if missing:
+            problems.append(Problem(f"{where}.input_mapping",
+                                    f"{name} requires {', '.join(missing)}, not mapped"))
+    outputs = child.definition.outputs
+    if isinstance(outputs, dict):
+        for key, path in config.output_mapping.items():
+            root = path.removeprefix("outputs.").split(".")[0]
+            if root not in outputs:
+                problems.append(Problem(f"{where}.output_mapping.{key}",
+                                        f"{name} has no output {root!r} (its outputs: "
+                                        f"{', '.join(outputs) or 'none'})"))
+    return problems
 
 
 def _nested_problem(plan: Plan, i: int, problem: Problem) -> Problem:
@@ -114,9 +164,7 @@ def load_child(use: str, tools: Tools, seen: tuple[str, ...] = ()) -> Plan:
     for step in plan.definition.steps:
         if step.use is not None:
             load_child(step.use, tools, (*seen, key))
-        if step.confirm or plan.definition.confirmations:
-            raise DefinitionError([Problem("use", f"{path} waits for approvals, which a "
-                                                  "nested composition cannot do")])
+    # A child that waits (an approval, a signal, a timer) makes its parent's step wait.
     return plan
 
 

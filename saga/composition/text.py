@@ -131,8 +131,65 @@ def _bad_text(text: str, nul: bool) -> str | None:
     return None
 
 
+#: Seed 003's manifest keys: on a SKILL.md's front matter they speak for its steps.
+_SKILL_STEP_KEYS = ("layer", "blocks-on-failure", "eco-mode-skip")
+
+
+def parse_skill(text: str, source: str = "<text>", folder: str = "") -> dict[str, Any]:
+    """A SKILL.md (seed 003): the YAML front matter between ``---`` lines is the
+    composition, the markdown after it its long description (kept in
+    ``metadata.long_description``).
+
+    The seed's manifest keys may sit on the front matter itself: ``layer``,
+    ``blocks-on-failure`` and ``eco-mode-skip`` then hold for each step that does not say
+    otherwise, and ``dependencies`` (the skills this one needs) is kept in ``metadata``.
+    A manifest without ``steps`` (the seed's, as written) is a one-step composition
+    calling its ``tool`` (with ``args``), else the tool of the skill's own name (a Python
+    tool or ``--tools`` module providing it); ``name`` defaults to the folder's name.
+    """
+    lines = text.lstrip("\ufeff").splitlines(keepends=True)
+    ends = [i for i, line in enumerate(lines) if line.rstrip() == "---"]
+    if not lines or lines[0].rstrip() != "---" or len(ends) < 2:
+        raise DefinitionError([Problem("", "a SKILL.md starts with YAML front matter "
+                                           "between two '---' lines")], source)
+    data = parse_text("".join(lines[1:ends[1]]), source)
+    body = "".join(lines[ends[1] + 1:]).strip()
+    manifest = {k: data.pop(k) for k in (*_SKILL_STEP_KEYS, "dependencies") if k in data}
+    if "steps" not in data and "nodes" not in data:  # one skill: one step
+        name = str(data.get("name") or folder or "skill")
+        step = {"id": name, "tool": data.pop("tool", None) or name}
+        step.update({k: data.pop(k) for k in ("args", "parameters") if k in data})
+        data["steps"] = [step]
+    if isinstance(data.get("steps"), list):
+        data["steps"] = [{**_step_defaults(manifest, step), **step}
+                         if isinstance(step, dict) else step for step in data["steps"]]
+    if folder:
+        data.setdefault("name", folder)
+    if manifest or body:
+        metadata = data.setdefault("metadata", {})
+        if isinstance(metadata, dict):
+            if manifest:
+                metadata.setdefault("skill", manifest)
+            if body:
+                metadata.setdefault("long_description", body)
+    return data
+
+
+def _step_defaults(manifest: dict[str, Any], step: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's keys a step takes (a step's own ``on_error`` overrides
+    ``blocks-on-failure``, which says the same thing)."""
+    return {k: v for k, v in manifest.items() if k in _SKILL_STEP_KEYS
+            and not (k == "blocks-on-failure" and "on_error" in step)}
+
+
+def is_skill(path: Path) -> bool:
+    """True for a seed 003 skill manifest (a file named ``SKILL.md``, any case)."""
+    return path.name.lower() == "skill.md"
+
+
 def load_file(path: str | Path) -> dict[str, Any]:
-    """Read a composition file (``.yaml``, ``.yml`` or ``.json``) into raw data."""
+    """Read a composition file (``.yaml``, ``.yml``, ``.json``, or a seed 003
+    ``SKILL.md`` with front matter) into raw data."""
     if "\x00" in str(path):  # no file system has such a name (open() raises ValueError)
         raise DefinitionError([Problem("", "the file name contains a NUL character")])
     path = Path(path)
@@ -143,4 +200,6 @@ def load_file(path: str | Path) -> dict[str, Any]:
     except UnicodeDecodeError as e:
         raise DefinitionError([Problem("", f"not UTF-8 text: {e.reason} at byte {e.start}")],
                               str(path)) from e
+    if is_skill(path):
+        return parse_skill(text, str(path), path.resolve().parent.name)
     return parse_text(text, str(path))

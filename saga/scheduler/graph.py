@@ -130,8 +130,9 @@ class _Decision:
         value = output
         if node.subgraph_config is not None and isinstance(output, dict):
             value, mapping = output.get("outputs"), node.subgraph_config.output_mapping
-            if mapping:
-                value = {k: _lookup(value, path)[1] for k, path in mapping.items()}
+            if mapping:  # ``outputs.x`` or the seed's bare ``x``
+                value = {k: _lookup(value, path.removeprefix("outputs."))[1]
+                         for k, path in mapping.items()}
         elif node.type in ("branch", "parallel", "human") and not raw:
             value = output.get("input") if isinstance(output, dict) else None
         if edge is not None and edge.data_mapping:
@@ -345,6 +346,12 @@ class _Decision:
             names, inputs = {"input": data, "inputs": self.run.inputs}, {}
             for name, path in config.input_mapping.items():
                 found, inputs[name] = _lookup(names, path)
+                if not found and path.split(".")[0] not in names:
+                    # seed 004's bare name (``topic: task``): the node's data, else the
+                    # run's inputs
+                    found, inputs[name] = _lookup(data, path)
+                    if not found:
+                        found, inputs[name] = _lookup(self.run.inputs, path)
                 if not found:
                     return FailStep(node.id, i, 1, "ExpressionError",
                                               f"input_mapping.{name}: nothing at {path!r}")

@@ -27,7 +27,14 @@ from saga import report
 from saga.api import Saga
 from saga.composition import Plan
 from saga.composition.definition import load_file
-from saga.composition.library import TemplateInfo, find_template, list_templates, read_template
+from saga.composition.library import (
+    TemplateInfo,
+    find_template,
+    list_templates,
+    read_template,
+    template_document,
+    template_problems,
+)
 from saga.domain import Run
 from saga.errors import DefinitionError, InputError, Problem, SagaError
 from saga.server.runs import service
@@ -162,6 +169,12 @@ def _composition(saga: Saga, body: CompositionRequest) -> dict[str, Any]:
         raise InputError([Problem("body", "give exactly one of template_id and composition")])
     data = dict(body.composition) if body.composition is not None else \
         load_file(find_template(body.template_id or "", saga.settings))
+    inner = template_document(data)
+    if inner is not None:  # seed 001's template document: its validation, then its composition
+        problems = template_problems(data, saga.registry.tools())
+        if problems:
+            raise DefinitionError(problems, body.template_id)
+        data = inner
     options = body.options
     if options.max_concurrency is not None:
         data["max_concurrency"] = options.max_concurrency
@@ -230,7 +243,8 @@ def _template(info: TemplateInfo, stats: dict[str, Any], full: bool) -> dict[str
                        "min_version": info.version or None},
         "inputs": list(info.inputs)}
     if full:
-        out["composition"] = load_file(info.path)
+        raw = load_file(info.path)
+        out["composition"] = template_document(raw) or raw
     return out
 
 
