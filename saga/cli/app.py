@@ -55,6 +55,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                  'Print every event of a run, in order.'),
     'list': ('saga.cli.runs',
               'List runs, newest first, from the read model (caught up first).'),
+    'mcp': ('saga.cli.service',
+             'Serve saga as an MCP server: each composition a tool, plus skill_run and...'),
     'pause': ('saga.cli.runs',
                'Pause a run: no new step starts, attempts in flight finish.'),
     'projection': ('saga.cli.admin',

@@ -4,7 +4,9 @@ events, followed in the terminal)."""
 from __future__ import annotations
 
 import json
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 import click
@@ -105,3 +107,60 @@ def _show(ident: int, run_id: str, event: dict[str, object], as_json: bool) -> N
         return
     click.echo(f"{ident:>6} {event['timestamp']} {run_id} {event['type']:<18} "
                f"{_event_detail(event)}")
+
+
+@main.command(name="mcp")
+@click.option("--http", "http", metavar="HOST:PORT",
+              help="Serve streamable HTTP at http://HOST:PORT/mcp instead of stdio (with "
+                   "saga serve's token rules: beyond loopback, SAGA_API_TOKEN is required).")
+@click.option("--compositions", "compositions", multiple=True,
+              type=click.Path(exists=True, file_okay=False),
+              help="A folder whose compositions (and SKILL.md) become tools; repeatable "
+                   "(default: the configured templates path).")
+@click.option("--wait", type=click.FloatRange(0, 3600), default=30, show_default=True,
+              help="Seconds a call waits for its run to end before answering with its id.")
+@click.option("--allow-approve", is_flag=True,
+              help="Offer saga_approve (approvals are otherwise left to people).")
+@tools_option
+def mcp(http: str | None, compositions: tuple[str, ...], wait: float, allow_approve: bool,
+        tools: tuple[str, ...]) -> None:
+    """Serve saga as an MCP server: each composition a tool, plus skill_run and saga_*.
+
+    \b
+    Example:
+      saga mcp                                   # over stdio, for an MCP client
+      saga mcp --http 127.0.0.1:8765 --wait 60   # streamable HTTP at /mcp
+    """
+    try:
+        import anyio
+
+        from saga.server import mcp_server
+    except ImportError as e:
+        raise ConfigError(f"saga mcp needs the mcp extra ({e.name} is missing): "
+                          "pip install 'saga[mcp]'") from None
+    saga = _saga(tools)
+    dirs = [Path(d) for d in compositions] or mcp_server.default_dirs(saga)
+    viewer = mcp_server.viewer_url(saga.settings.file, os.environ)
+    logic = mcp_server.SagaMCP(saga, dirs, wait=wait, allow_approve=allow_approve,
+                               viewer=viewer)
+    if http is None:
+        anyio.run(mcp_server.serve_stdio, mcp_server.build_server(logic))
+        return
+    host, sep, port = http.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"--http {http!r}: give HOST:PORT (127.0.0.1:8765)")
+    host = host.strip("[]")
+    try:
+        import uvicorn
+
+        from saga.server.service import Tokens, check_bind
+    except ImportError as e:
+        raise ConfigError(f"saga mcp --http needs the serve extra ({e.name} is missing): "
+                          "pip install 'saga[serve]'") from None
+    tokens = Tokens.from_env()
+    check_bind(host, tokens)
+    server = mcp_server.build_server(logic, mcp_server.token_writes(tokens))
+    note(f"saga MCP server at http://{http}/mcp on {saga.settings.store_description}")
+    extra: dict[str, Any] = {"log_config": None} if logs.configured() else {}
+    uvicorn.run(mcp_server.http_app(server, host, tokens), host=host, port=int(port),
+                log_level="warning", **extra)
