@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from saga.composition import plan_of
 from saga.domain import ENDINGS, Run, run_uuid
-from saga.errors import InputError, Problem
+from saga.errors import InputError, Problem, RunNotFoundError
+from saga.scheduler.policy import not_undone
 from saga.store.application import SagaApplication, event_json
 
 #: Events read from the log per look.
@@ -46,6 +49,9 @@ def run_summary(run: Run, steps: bool = True) -> dict[str, Any]:
         "error": run.error,
         "failed_step": run.failed_step,
     }
+    if run.compensation is not None or run.status in ("failed", "cancelled"):
+        # Promise 5: what a run's end left in place is named, whatever status it ended in.
+        out["not_undone"] = not_undone(plan_of(run), run)
     if run.pending_approvals and not run.is_finished:  # a finished run waits for nobody
         out["waiting_for"] = run.pending_approvals
     if steps:

@@ -12,9 +12,9 @@ Conventions of the pages (README.md and docs/**/*.md), which this file relies on
   must succeed. So a ``bash`` block must be self-contained.
 - ``console`` and ``text`` blocks are shown, never run: they need what a test does not
   have (a clone to install from, a server that runs until stopped, PostgreSQL, root) or
-  hold placeholders such as ``RUN``. Some of them are run with those things by the tests
-  named beside them below (the approval and graph-form examples, the curl examples in
-  tests/server/test_api.py).
+  hold placeholders such as ``RUN``. Some of them are run with those things by tests of
+  their own: the approval and graph-form examples and the tutorial's curl commands
+  (against a real ``saga serve``) below, the service page's in tests/server/test_api.py.
 - README.md's blocks are not run blindly (its quick start installs the package); the tests
   below run its commands.
 """
@@ -325,3 +325,27 @@ def test_a_pages_bash_blocks_run_when_pasted(name: str, tmp_path: Path) -> None:
                               capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, \
             f"{name}:\n{block}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+
+
+def test_the_tutorials_service_step_works_when_pasted(tmp_path: Path) -> None:
+    """The tutorial's curl commands against a real ``saga serve``: a run started over HTTP
+    and its events followed live until the run ends, compensated."""
+    from saga.config import Settings
+    from tests.server.conftest import Server, store_env
+
+    block = next(b for b in re.findall(r"```console\n(.*?)```", page("tutorial.md"), re.S)
+                 if "curl -s -X POST" in b)
+    settings = Settings(home=tmp_path / ".saga")
+    server = Server(settings, store_env(settings)).start()
+    try:
+        done = subprocess.run(["bash", "-c", as_script(block.replace("http://127.0.0.1:8080",
+                                                                     server.url))],
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        server.stop()
+    assert done.returncode == 0, done.stderr
+    started, _ = json.JSONDecoder().raw_decode(done.stdout)  # curl adds no newline
+    assert started["run_id"] == "order-3"
+    events = [line.split(":", 1)[1].strip() for line in done.stdout.splitlines()
+              if line.startswith("event:")]
+    assert events[0] == "RunStarted" and events[-1] == "RunCompensated"

@@ -112,6 +112,9 @@ def _summary_parts(summary: dict[str, Any]) -> tuple[list[Any], list[tuple[str, 
         lines.append(f"[red]compensation failed for {_escape(', '.join(broken))}: their "
                      "effects were "
                      "NOT undone[/]")
+    left = [k for k in summary.get("not_undone") or () if k not in (broken or ())]
+    if left and summary["status"] in TERMINAL:
+        lines.append(f"[yellow]not undone: {_escape(', '.join(left))}[/]")
     degraded = (summary.get("outputs") or {}).get("_layers", {}).get("degraded") \
         if isinstance(summary.get("outputs"), dict) else False
     if degraded:

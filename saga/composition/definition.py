@@ -303,6 +303,19 @@ class Step(_Model):
             return True
         return self.layer == "enhancement" and "on_error" not in self.model_fields_set
 
+    def explicit_choices(self) -> dict[str, Any]:
+        """The explicitly written values equal to a default whose absence means something
+        else, so a recorded definition (dumped without defaults) keeps them: ``on_error:
+        fail`` (or ``blocks-on-failure: true``) on an enhancement step, which would
+        otherwise fail soft, and ``compensate: false``, which would otherwise let a
+        ``use`` step (or a tool with its own undo) compensate."""
+        choices: dict[str, Any] = {}
+        if self.layer == "enhancement" and "on_error" in self.model_fields_set:
+            choices["on_error"] = self.on_error
+        if self.compensate is None and "compensate" in self.model_fields_set:
+            choices["compensate"] = False
+        return choices
+
     @property
     def skipped_in_eco(self) -> bool:
         """True when eco mode skips this step: ``eco-mode-skip``, else enhancements."""
@@ -401,8 +414,13 @@ class Definition(_Model):
         raise KeyError(step_id)
 
     def to_json(self) -> dict[str, Any]:
-        """The normalised definition as plain JSON (canonical field names, no defaults)."""
-        return self.model_dump(mode="json", exclude_defaults=True)
+        """The normalised definition as plain JSON (canonical field names, no defaults,
+        except the explicit choices whose absence means something else: see
+        :meth:`Step.explicit_choices`)."""
+        data = self.model_dump(mode="json", exclude_defaults=True)
+        for step, dumped in zip(self.steps, data["steps"], strict=True):
+            dumped.update(step.explicit_choices())
+        return data
 
     def digest(self) -> str:
         """sha256 of the canonical JSON of the normalised definition."""

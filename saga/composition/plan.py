@@ -141,6 +141,10 @@ class Plan:
                 plan[step.id] = None
             elif step.use is not None and call.tool is None:
                 plan[step.id] = "the child run's own compensations"
+            elif call.tool is None and isinstance(step.parameters, str):
+                # What the undo is called with is known once rendered, not here.
+                plan[step.id] = (f"tool {step.tool}'s own compensation, with the parameters "
+                                 "the step renders")
             elif call.tool is None:
                 plan[step.id] = f"tool {step.tool}'s own compensation"
             else:
@@ -213,8 +217,16 @@ def _own_compensations(definition: Definition, tools: Any) -> Definition:
     def undoes(step: Step) -> bool:
         tool = tools.get(step.tool) if step.tool is not None else None
         can_undo = getattr(tool, "can_undo", None)
-        return "compensate" not in step.model_fields_set and callable(can_undo) \
-            and isinstance(step.parameters, dict) and bool(can_undo(step.parameters))
+        if "compensate" in step.model_fields_set or not callable(can_undo):
+            return False
+        if isinstance(step.parameters, dict):
+            return bool(can_undo(step.parameters))
+        # One whole-value template: the parameters exist only once rendered (recorded in
+        # StepStarted, and what the tool's undo is called with). How the step is written
+        # changes nothing about its effect, so it is undone like its literal twin; a tool
+        # whose undo needs something the rendered parameters lack refuses then
+        # (NoCompensation), and the step is named as not undone.
+        return getattr(tool, "compensate", None) is not None
 
     steps = [step.model_copy(update={"compensate": ToolCall()}) if undoes(step) else step
              for step in definition.steps]

@@ -248,3 +248,29 @@ def compensation_ending(run: Run, failed: str | None, outputs: Any) -> FinishRun
     if comp.get("cancel"):
         return FinishRun("cancelled", error={"message": comp["reason"]}, actor=comp.get("actor"))
     return FinishRun("compensated", outputs, error, failed)
+
+
+def not_undone(plan: Plan, run: Run) -> list[str]:
+    """Once a rollback has begun, or a run ended failed or cancelled without one: the step
+    executions that may have acted and are not (or not yet) undone, in completion order,
+    then those cut short by a worker's death: no compensation of their own, one that
+    failed, or no rollback at all. Compute, sleep and signal steps act on nothing and are
+    never named (promise 5: what cannot be undone is named)."""
+    comp = run.compensation or {"done": {}}
+    if run.compensation is None and run.status not in ("failed", "cancelled"):
+        return []
+    interrupted_ = [k for k, s in run.steps.items() if s["status"] == "failed"
+                    and (s.get("error") or {}).get("type") == "Interrupted"]
+    left: list[str] = []
+    for key in dict.fromkeys([*run.completion_order, *interrupted_]):
+        state = run.steps.get(key)
+        if state is None or is_loop_parent(plan, state):
+            continue
+        step = plan.step(state["step_id"])
+        if step.tool is None and step.use is None:
+            continue
+        if comp["done"].get(key) == "compensated" or state["status"] not in (
+                "completed", "failed"):
+            continue
+        left.append(key)
+    return left

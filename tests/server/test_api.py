@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from saga.config import Settings
 from tests.server.conftest import ROOT, Server, store_env
 
 SEEDS = Path(__file__).resolve().parents[1] / "seeds"
@@ -296,3 +297,38 @@ def test_the_documented_curl_examples_work_when_pasted(sqlite_server: Server) ->
     assert answers[0]["results"]["process"] == {"algorithm": "sentiment",
                                                 "url": "https://api.example.com"}
     assert answers[1]["success"] is False and answers[1]["status"] == "compensated"
+
+
+def test_seed_000_execute_undoes_every_step_it_built(settings: Settings,
+                                                     tmp_path: Path) -> None:
+    """Seed 000 builds each dependent step's parameters as one whole-value template (its
+    inputs merged with its dependencies' outputs): it is undone by its tool's own
+    compensation all the same, not only the root step (issue 38)."""
+    config = tmp_path / "saga.toml"
+    config.write_text(f"[file]\nroot = {json.dumps(str(tmp_path))}\n", encoding="utf-8")
+    files = {name: tmp_path / f"{name}.txt" for name in ("root", "left", "right")}
+
+    def write(name: str) -> dict[str, Any]:
+        return {"action": "write", "path": str(files[name]), "content": name}
+    body = {"workflow_id": "undo-all", "agent_id": "agent-7", "steps": [
+        {"step_id": "root", "skill_id": "file", "inputs": write("root"), "dependencies": []},
+        {"step_id": "prep", "skill_id": "echo", "inputs": {}, "dependencies": []},
+        {"step_id": "left", "skill_id": "file", "inputs": write("left"),
+         "dependencies": ["prep"]},
+        {"step_id": "right", "skill_id": "file", "inputs": write("right"),
+         "dependencies": ["prep"]},
+        {"step_id": "publish", "skill_id": "effect", "inputs": {"fail": True},
+         "dependencies": ["left", "right", "root"]}]}
+    server = Server(settings, store_env(settings, SAGA_CONFIG=str(config))).start()
+    try:
+        with server.client() as c:
+            answer = c.post("/api/composition/execute", json=body)
+            assert answer.status_code == 200, answer.text
+            result = answer.json()
+            status = c.get(f"/api/v1/runs/{result['execution_id']}").json()
+    finally:
+        server.stop()
+    assert result["status"] == "compensated", result["error"]
+    assert sorted(result["rollback_steps"]) == ["left", "right", "root"]
+    assert [name for name, path in files.items() if path.exists()] == []
+    assert status["not_undone"] == ["prep"]  # echo: nothing to undo, and said so
