@@ -283,9 +283,12 @@ class Drive:
                 self.wakes.add(f"approval:{step_id}")
                 launches.append(("wake", (f"approval:{step_id}", left)))
         for key, wait in self.run.waits.items():
+            state = self.run.steps[key]
+            if self.run.timed_out or self.run.compensation is not None:
+                self._abandon_wait(state)  # nothing it waits for can come now
+                continue
             if wait["until"] is None:
                 continue
-            state = self.run.steps[key]
             left = (datetime.fromisoformat(wait["until"]) - now).total_seconds()
             if left <= 0 and wait["signal"] is not None \
                     and self.run.signal_arrived_by(wait["signal"], wait["until"]):
@@ -306,10 +309,31 @@ class Drive:
             task.cancel()
             self.tasks.pop(task)
             self.run.fail_step(step_id, iteration, number, error_type, message)
+        for key, wait in self.run.waits.items():  # a sleep or a signal wait is in flight too
+            if not wait.get("child"):
+                self._abandon_wait(self.run.steps[key])
+
+    def _abandon_wait(self, state: StepState) -> None:
+        """A sleep or signal wait of a run that timed out or compensates (a cancel) ends as
+        a failed attempt: never a step left running after its run ended."""
+        comp = self.run.compensation
+        if self.run.timed_out:
+            kind, message = "RunTimeout", f"the run's deadline {self.run.timed_out} passed"
+        elif comp is not None and comp.get("cancel"):
+            kind, message = "RunCancelled", f"the run was cancelled: {comp['reason']}"
+        else:
+            kind, message = "RunCompensating", \
+                f"the run compensates: {comp['reason'] if comp else ''}"
+        self.run.fail_step(state["step_id"], state["iteration"], state["attempt"], kind,
+                           message)
 
     def _end_wait(self, state: StepState, wait: dict[str, Any]) -> None:
         step_id, iteration, attempt = state["step_id"], state["iteration"], state["attempt"]
-        waited = calls.ms_between_iso(state.get("attempt_started_at"), self.x.clock())
+        # The wait's own length, from its start to its due time (both recorded): a durable
+        # wait ends when a worker looks, which may be long after (its StepCompleted's time
+        # says when that was).
+        waited = calls.ms_between_iso(state.get("attempt_started_at"),
+                                      datetime.fromisoformat(wait["until"]))
         if wait["signal"] is None:
             self.run.complete_step(step_id, iteration, attempt,
                                    {"slept_until": wait["until"]}, waited)

@@ -30,7 +30,7 @@ steps:
 #: Commands that print data in another way, on purpose.
 FORMATTED = {"graph", "export", "report"}
 #: Commands that print no data of their own (a server, a stream with its own --json).
-NO_DATA = {"serve"}
+NO_DATA = {"serve", "mcp"}
 
 
 def run(home: Path, *args: str, code: int = 0) -> Any:
