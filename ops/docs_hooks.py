@@ -9,7 +9,8 @@ a marker on a line of its own, which :func:`on_page_markdown` replaces:
   ``saga serve`` runs (``saga.server.app.create_app``);
 - ``<!-- reference:composition -->`` and ``<!-- reference:graph -->``: every key of the
   composition models' JSON Schema (``saga.composition.definition.Definition``, and
-  ``saga.composition.graph_model.WorkflowGraph`` for the graph form).
+  ``saga.composition.graph_model.WorkflowGraph`` for the graph form);
+- ``<!-- reference:events -->``: every event type a run records, with its fields.
 
 :func:`on_files` publishes the schema as ``schema/composition.json`` (editors validate
 YAML against it) and the OpenAPI document as ``reference/openapi.json``. Nothing is
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 import json
 import re
 import tempfile
@@ -308,6 +310,27 @@ def schema_markdown(form: str) -> str:
     return "\n".join(out)
 
 
+# --- the event log ----------------------------------------------------------------------
+
+def events_markdown() -> str:
+    """Every event type a run records (``saga.domain.vocabulary.EVENT_TYPES``), with its
+    docstring and its payload's fields, from the ``Run`` aggregate's event classes."""
+    from saga.domain.run import Run
+    from saga.domain.vocabulary import EVENT_TYPES
+
+    base = inspect.get_annotations(Run.Event)
+    out = ["Every event also carries " + ", ".join(f"`{f}`" for f in base) + " (the audit "
+           "chain: see [Audit and reports](../howto/audit.md)), and the run's id, its version "
+           "and a timestamp.\n",
+           "| event | payload | what it records |", "| --- | --- | --- |"]
+    for name in EVENT_TYPES:
+        cls = getattr(Run, name)
+        fields = [f for f in inspect.get_annotations(cls) if f != "TOPIC"]
+        doc = _cell(cls.__doc__ or "")
+        out.append(f"| `{name}` | {', '.join(f'`{f}`' for f in fields)} | {doc} |")
+    return "\n".join(out) + "\n"
+
+
 # --- mkdocs events ----------------------------------------------------------------------
 
 def on_files(files: Files, config: MkDocsConfig) -> Files:
@@ -324,6 +347,7 @@ _GENERATORS: dict[str, Callable[[], str]] = {
     "http": http_markdown,
     "composition": lambda: schema_markdown("composition"),
     "graph": lambda: schema_markdown("graph"),
+    "events": events_markdown,
 }
 
 
