@@ -119,6 +119,16 @@ def test_every_event_type_is_in_the_event_log_page(site: Path) -> None:
     assert missing == []
 
 
+def test_every_environment_variable_is_on_the_configuration_page() -> None:
+    page = (ROOT / "docs" / "reference" / "configuration.md").read_text(encoding="utf-8")
+    read = set()
+    for source in (ROOT / "saga").rglob("*.py"):
+        read |= set(re.findall(r"\bSAGA_[A-Z][A-Z_]*[A-Z]\b", source.read_text("utf-8")))
+    assert {"SAGA_HOME", "SAGA_DATABASE_URL"} <= read
+    named = set(re.findall(r"\bSAGA_[A-Z][A-Z_]*[A-Z]\b", page)) | {"SAGA_SECRET_NAME"}
+    assert sorted(read - named) == []
+
+
 def test_no_page_uses_the_projects_internal_words(site: Path) -> None:
     for page in pages(site):
         text = text_of(page)
