@@ -93,6 +93,13 @@ def test_the_readme_is_one_screen_with_the_quick_start_first() -> None:
         assert command in head, command
 
 
+def test_the_readme_speaks_to_a_reader() -> None:
+    """No project-internal names for formats, and no benchmark diary (that is
+    ops/bench/HISTORY.md)."""
+    assert not re.search(r"\b[Ss]eeds? \d{3}\b", README)
+    assert not re.search(r"\b\w+(th|st|nd|rd) pass\b|first machine|second machine", README)
+
+
 def test_the_readme_links_to_files_that_exist() -> None:
     links = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", README)
     assert links
