@@ -56,7 +56,7 @@ from saga.store import (
 )
 from saga.telemetry import metrics, tracing
 from saga.tools import Registry, load_registry, modules_of
-from saga.views import check_moments, row_summary, run_summary
+from saga.views import check_moments, row_summary, run_summary, waiting_child, waits_of
 
 if TYPE_CHECKING:
     from saga import audit, replay
@@ -340,9 +340,21 @@ class Saga:
         run = self.get(run_id)
         if run.is_finished:
             raise RunStateError(f"run {run_id} already ended {run.status}")
+        parent = self._driving_parent(run)
+        if parent is not None:  # a child run moves with its parent, whose step drives it
+            self.resume(parent, on_events=on_events)
+            return self.get(run.run_id)
         _refuse_redacted(run)
         check_tools(self.registry, run)  # before waiting for its lease: nothing changes
         return self.drive(run, on_events=on_events)
+
+    def _driving_parent(self, run: Run) -> str | None:
+        """The unfinished parent run whose ``use:`` step drives this child run, if any."""
+        parent = (run.context.get("parent") or {}).get("run_id")
+        try:
+            return parent if parent and not self.get(parent).is_finished else None
+        except RunNotFoundError:
+            return None
 
     def retry(self, run_id: str, *, actor: str | None = None, reason: str | None = None,
               on_events: EventHook | None = None, drive: bool = True) -> Run:
@@ -402,6 +414,12 @@ class Saga:
         """Send a signal to a run: the first step waiting for ``name`` (now or later)
         completes with ``data`` as its output. Refused for a finished run."""
         check_signal_name(name)
+        run = self.get(run_id)
+        if not any(w.get("signal") == name for w in waits_of(run)):
+            # Not waited for here, but by a child run its step waits for: the child's.
+            child = waiting_child(run, self.get, lambda c: any(
+                w.get("signal") == name for w in waits_of(c)))
+            run_id = child.run_id if child is not None else run_id
 
         def record(run: Run) -> None:
             if run.is_finished:
@@ -460,7 +478,12 @@ class Saga:
                 continue
         else:
             raise ConcurrentWriteError(run_id)
-        return self.drive(self.get(run_id), on_events=on_events)
+        run = self.get(run_id)
+        parent = self._driving_parent(run)
+        if parent is not None:  # a child run moves with its parent, whose step drives it
+            self.resume(parent, on_events=on_events)
+            return self.get(run_id)
+        return self.drive(run, on_events=on_events)
 
     def events(self, run_id: str) -> list[Any]:
         """The run's domain events, in order."""
@@ -535,6 +558,11 @@ class Saga:
                 continue  # its worker died before the child was recorded
         if children:
             summary["children"] = children
+        waiting = [{"step": w["step"], "run_id": w["child"],
+                    "waiting_for": waits_of(self.get(w["child"]))}
+                   for w in waits_of(run) if "child" in w]
+        if waiting:  # its step waits for a child run, which waits for these
+            summary["waiting_for_children"] = waiting
         return summary
 
     def history(self, run_id: str) -> list[dict[str, Any]]:
@@ -589,7 +617,12 @@ class Saga:
         run = self.get(run_id)
         approval = run.approvals.get(step_id)
         if approval is None or approval["status"] != "requested":
-            raise RunStateError(f"step {step_id!r} of run {run_id} is not waiting for approval")
+            # A parent waiting for a child run that asks for it: the decision is the child's.
+            child = waiting_child(run, self.get, lambda c: step_id in c.pending_approvals)
+            if child is None:
+                raise RunStateError(f"step {step_id!r} of run {run_id} is not waiting for "
+                                    "approval")
+            run = child
         run.decide_approval(step_id, approved, actor or self.settings.actor, comment)
         self.app.save_run(run)
         return run

@@ -67,6 +67,41 @@ def run_summary(run: Run, steps: bool = True) -> dict[str, Any]:
     return out
 
 
+def waits_of(run: Run) -> list[dict[str, Any]]:
+    """What an unfinished run waits for, one entry per step: a person's ``approval`` (its
+    message), a ``signal`` (its name, and ``until`` when it times out), a timer
+    (``until``), or a ``child`` run (its id), which waits in turn."""
+    if run.is_finished:
+        return []
+    found: list[dict[str, Any]] = [{"step": step, "approval": run.approvals[step]["message"]}
+                                   for step in run.pending_approvals]
+    for key, wait in run.waits.items():
+        if wait.get("child"):
+            found.append({"step": key, "child": wait["child"]})
+        elif wait.get("signal"):
+            found.append({"step": key, "signal": wait["signal"], "until": wait["until"]})
+        else:
+            found.append({"step": key, "until": wait["until"]})
+    return found
+
+
+def waiting_child(run: Run, get: Callable[[str], Run],
+                  wants: Callable[[Run], bool]) -> Run | None:
+    """The (grand)child run that one of ``run``'s steps waits for and that ``wants``
+    (``get`` loads a run): where a decision or a signal sent to its parent is meant to go."""
+    for wait in waits_of(run):
+        if "child" not in wait:
+            continue
+        try:
+            child = get(wait["child"])
+        except RunNotFoundError:
+            continue
+        found = child if wants(child) else waiting_child(child, get, wants)
+        if found is not None:
+            return found
+    return None
+
+
 def run_events_after(app: SagaApplication, run_id: str,
                      after: int) -> tuple[list[dict[str, Any]], bool]:
     """The run's events after version ``after`` as JSON, and whether the run has ended."""

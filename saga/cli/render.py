@@ -128,7 +128,22 @@ def _summary_parts(summary: dict[str, Any]) -> tuple[list[Any], list[tuple[str, 
     if summary.get("waiting_for"):
         for step in summary["waiting_for"]:
             lines.append(_escape(f"waiting: saga approve {summary['run_id']} {step}"))
+    for child in summary.get("waiting_for_children") or ():
+        what = ", ".join(_child_wait(child["run_id"], w) for w in child["waiting_for"])
+        lines.append(_escape(f"waiting: step {child['step']} waits for child run "
+                             f"{child['run_id']}, which waits for {what or 'its worker'}"))
     return lines, rows
+
+
+def _child_wait(run_id: str, wait: dict[str, Any]) -> str:
+    """One thing a waiting child run waits for, as a person reads it (see ``waits_of``)."""
+    if "approval" in wait:
+        return f"an approval (saga approve {run_id} {wait['step']})"
+    if "child" in wait:
+        return f"its own child run {wait['child']}"
+    if wait.get("signal"):
+        return f"the signal {wait['signal']} (saga signal {run_id} {wait['signal']})"
+    return f"a timer (until {wait['until']})"
 
 
 def _print_summary(summary: dict[str, Any]) -> None:

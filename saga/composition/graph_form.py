@@ -184,7 +184,7 @@ def _step(model: WorkflowGraph, node: Node) -> Step:
     if node.subgraph_config is not None:
         return Step.model_validate({**base, "use": node.subgraph_config.workflow_name,
                                     "parameters": dict(node.subgraph_config.input_mapping)})
-    # `confirm` on a human step makes nesting refuse a graph that waits for people.
+    # A human node is a step that asks for a person's confirmation before it runs.
     title = node.human_config.title if node.human_config is not None else None
     return Step(**base, tool="noop", confirm=title)
 

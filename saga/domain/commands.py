@@ -125,10 +125,11 @@ class RunCommands:
             self.trigger_event(cls, error=error or {}, failed_step=failed_step, outputs=outputs)
 
     def wait(self, step_id: str, iteration: int, until: str | None,
-             signal: str | None) -> None:
-        """Record that a started step waits for a time, a signal, or both."""
+             signal: str | None, child: str | None = None) -> None:
+        """Record that a started step waits for a time, a signal, or both; or (``child``)
+        for its child run, which waits, and ``until`` that child's own next time."""
         self.trigger_event(self.StepWaiting, step_id=step_id, iteration=iteration, until=until,
-                           signal=signal)
+                           signal=signal, child=child)
 
     def receive_signal(self, name: str, data: Any, actor: str) -> None:
         """Record a signal sent to the run."""

@@ -374,17 +374,22 @@ class Run(RunCommands, StepStates, Aggregate):
 
     class StepWaiting(Event):
         """A started ``sleep`` or ``signal`` step waits: until a time (the worker's clock
-        read once, recorded here), for a signal, or both (a signal with a timeout)."""
+        read once, recorded here), for a signal, or both (a signal with a timeout). A
+        ``use:`` step whose child run waits records the ``child`` it waits for, and
+        ``until`` when the child's own next time comes (its timer, retry or deadline)."""
 
         TOPIC = "saga.StepWaiting"
         step_id: str
         iteration: int
         until: str | None
         signal: str | None
+        child: str | None = None
 
         def apply(self, aggregate: Any) -> None:
-            aggregate._step(self.step_id, self.iteration)["wait"] = {
-                "until": self.until, "signal": self.signal}
+            wait = {"until": self.until, "signal": self.signal}
+            if self.child is not None:  # absent from the waits of sleeps and signals
+                wait["child"] = self.child
+            aggregate._step(self.step_id, self.iteration)["wait"] = wait
 
     class SignalReceived(Event):
         """A signal was sent to the run; the first step waiting for its name (now or

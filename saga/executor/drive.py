@@ -84,6 +84,9 @@ class Drive:
         self.remedies: set[tuple[Any, ...]] = set()
         self.compensating: set[str] = set()
         self.wakes: set[str] = set()
+        #: ``use:`` steps whose waiting child this drive drove on (see _child_waits) or ended
+        self.children: set[str] = set()
+        self.nests = any(step.use is not None for step in plan.definition.steps)
         self.wakeup = calls.Wakeup()  # the loop's wait for its tasks
         #: Set when the drive is to drain (see the class docs); a child run's has none.
         self.stopping = executor.stopping if lease is not None else None
@@ -138,6 +141,9 @@ class Drive:
         while True:
             draining = self.stopping is not None and self.stopping.is_set()
             launches = [] if draining else self._advance()
+            if self.nests:  # nothing outlives its parent: ended before its end is durable
+                await nesting.end_children(self.x, self.plan, self.run, self.children,
+                                           [i for i in self.tasks.values() if i[0] == "step"])
             await self._save()
             for launch in launches:
                 self._launch(*launch)
@@ -286,6 +292,9 @@ class Drive:
             state = self.run.steps[key]
             if self.run.timed_out or self.run.compensation is not None:
                 self._abandon_wait(state)  # nothing it waits for can come now
+                continue  # (a child it waits for is ended with it: nesting.end_children)
+            if wait.get("child"):
+                launches += self._child_waits(key)
                 continue
             if wait["until"] is None:
                 continue
@@ -300,6 +309,16 @@ class Drive:
                 self.wakes.add(key)
                 launches.append(("wake", (key, left)))
         return launches
+
+    def _child_waits(self, key: str) -> list[tuple[str, Any]]:
+        """A ``use:`` step waiting for its child run: drive the child on, once a drive
+        (see :mod:`~saga.executor.nesting`); not while the parent is paused."""
+        run, state = self.run, self.run.steps[key]
+        if key in self.children or run.paused:
+            return []
+        self.children.add(key)
+        return [("step", StartStep(state["step_id"], state["iteration"], state["attempt"],
+                                   state["parameters"]))]
 
     def _cut_short(self, error_type: str, message: str) -> None:
         """Cancel the attempts in flight and record each as failed for good."""
@@ -365,6 +384,13 @@ class Drive:
             run.remedy_applied(outcome.step_id, outcome.iteration, outcome.attempt, outcome.ok,
                                outcome.output if outcome.ok else None,
                                None if outcome.ok else f"{outcome.error_type}: {outcome.message}")
+        elif outcome.kind == "child":  # the step waits for its child, which waits
+            key = step_key(outcome.step_id, outcome.iteration)
+            self.children.add(key)  # driven on by a later drive, when there is news of it
+            waits: nesting.ChildWaits = outcome.output
+            wait = run.steps[key].get("wait") or {}
+            if (wait.get("child"), wait.get("until")) != (waits.run_id, waits.until):
+                run.wait(outcome.step_id, outcome.iteration, waits.until, None, waits.run_id)
         elif outcome.kind == "compensation":
             self.compensating.discard(f"{outcome.step_id}:{outcome.iteration}")
             if outcome.ok:
@@ -503,6 +529,9 @@ class Drive:
             elif step.use is not None:
                 output = await nesting.run_child(self.x, self.run, action.step_id,
                                                  action.iteration, action.parameters)
+                if isinstance(output, nesting.ChildWaits):
+                    return Outcome("child", action.step_id, action.iteration, action.attempt,
+                                   output=output)
             else:
                 assert step.tool is not None
                 hit = outputs.cached(self, step, action)
@@ -546,7 +575,10 @@ class Drive:
         try:
             recorded = self.run.steps[step_key(action.step_id, action.iteration)]["output"]
             if action.tool is None and step.use is not None:
-                output = await nesting.compensate_child(self.x, self.run, recorded)
+                child = self.run.steps[step_key(action.step_id, action.iteration)]
+                output = await nesting.compensate_child(
+                    self.x, self.run, (recorded or {}).get("run_id")
+                    or child["parameters"]["run"])
             elif action.tool is None:
                 assert step.tool is not None
                 recorded = await outputs.restore(self, recorded)

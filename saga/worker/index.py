@@ -85,6 +85,8 @@ class RunIndex:
     position: int = 0
     runs: dict[str, _Followed] = field(default_factory=dict)
     children: set[str] = field(default_factory=set)
+    #: Each child run's parent: news of a child (a decision, a signal) is its parent's.
+    parents: dict[str, str] = field(default_factory=dict)
     #: The positions in the logs of a partitioned store's other partitions (each has its
     #: own log; ``position`` is the first's), by partition index.
     positions: dict[int, int] = field(default_factory=dict)
@@ -134,8 +136,15 @@ class RunIndex:
             context = started.get("context")
             if isinstance(context, dict) and context.get("parent"):
                 self.children.add(run_id)
+                parent = context["parent"]
+                if isinstance(parent, dict) and parent.get("run_id"):
+                    self.parents[run_id] = str(parent["run_id"])
                 return  # a child run is driven by its parent's step, never alone
             self.runs[run_id] = _followed(started)
+        elif run_id in self.children:
+            if kind in _CHILD_NEWS:
+                self._nudge(self.parents.get(run_id))
+            return
         elif kind in _REOPENING and run_id not in self.runs and run_id not in self.children:
             # a finished run taken up again
             self.runs[run_id] = _followed(self._started(run_id), status="failed", begun=True)
@@ -179,6 +188,20 @@ class RunIndex:
             run.held_until = None
         if run.status in TERMINAL:
             del self.runs[run_id]
+        self._place(run_id)
+
+    def _nudge(self, run_id: str | None) -> None:
+        """Something happened to a child of this run (approved, signalled, unpaused) that
+        its waiting parent's driver should look at: it drives the child on."""
+        if run_id is None:
+            return
+        run = self.runs.get(run_id)
+        if run is None:
+            if run_id in self.parents:  # a grandchild's news is its grandparent's
+                self._nudge(self.parents[run_id])
+            return
+        run.nudged = True
+        run.held_until = None
         self._place(run_id)
 
     def _started(self, run_id: str) -> dict[str, Any]:
@@ -281,6 +304,9 @@ class RunIndex:
         bisect.insort(self._ready, key)
 
 
+#: What happens to a child run from outside its parent's drive: its parent is to look.
+_CHILD_NEWS = DECISIONS | {"SignalReceived", "RunUnpaused", "CompensationStarted",
+                           "RunRetried"}
 #: Events that take a finished run up again.
 _REOPENING = frozenset({"RunRetried", "CompensationStarted"})
 #: Events a driver records while it drives: they need no other driver's attention.
