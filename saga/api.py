@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from saga import composition, expressions, secrets
 from saga.chain import json_safe
-from saga.composition import Plan, plan_of
+from saga.composition import Plan, plan_of, tree_tools
 from saga.composition.definition import parse_duration, resolve_inputs
 from saga.config import Settings, load_settings
 from saga.domain import (
@@ -218,7 +218,7 @@ class Saga:
             options.setdefault("quarantine_after", self.settings.quarantine_after)
         options.update(queue_options(queue or options.get("queue") or plan.definition.queue,
                                      options.get("priority") if priority is None else priority))
-        if modules := modules_of(plan.tools_named(), self.registry):  # to name in hints
+        if modules := modules_of(tree_tools(plan), self.registry):  # to name in hints
             options.setdefault("tool_modules", modules)
         given = dict(context or {})
         trace = tracing.trace_context(given.pop("traceparent", None))
@@ -345,7 +345,8 @@ class Saga:
             self.resume(parent, on_events=on_events)
             return self.get(run.run_id)
         _refuse_redacted(run)
-        check_tools(self.registry, run)  # before waiting for its lease: nothing changes
+        # Before waiting for its lease: a run it could not drive is left as it was.
+        check_tools(self.registry, run, get_run=self.app.get_run)
         return self.drive(run, on_events=on_events)
 
     def _driving_parent(self, run: Run) -> str | None:
@@ -468,7 +469,7 @@ class Saga:
             run = self.get(run_id)
             _refuse_redacted(run)
             record(run)  # a command that does not apply says so first
-            check_tools(self.registry, run)
+            check_tools(self.registry, run, get_run=self.app.get_run)
             pending = list(run.pending_events)
             try:
                 self.app.save_run(run)

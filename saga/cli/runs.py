@@ -31,6 +31,7 @@ from saga.cli.render import (
 )
 from saga.composition import plan_of
 from saga.composition.definition import coerce_text, parse_text
+from saga.domain import Run
 from saga.errors import DefinitionError, InputError, Problem, SagaError
 from saga.executor import recorded_modules
 from saga.lazy import lazy
@@ -467,11 +468,24 @@ def _decision_command(name: str, approved: bool, doc: str) -> None:
             _emit_json({"run_id": run.run_id, "step_id": step_id, "decision": done,
                         "status": run.status})
             return
-        # The --tools modules it was started with (that saga.toml does not list): a
-        # resume without them would be refused.
-        given = [f" --tools {m}" for m in recorded_modules(run) if m not in s.settings.tools]
+        given = [f" --tools {m}" for m in _started_with(s, run) if m not in s.settings.tools]
         click.echo(f"{step_id} {done} on run {run.run_id}; continue it with: "
                    f"saga resume {run.run_id}{''.join(given)}")
+
+
+def _started_with(s: Saga, run: Run) -> list[str]:
+    """The --tools modules a run was started with (a child run's: its parents'), which a
+    resume without them would be refused for."""
+    for _ in range(32):  # nesting is bounded: never a loop over a doctored context
+        modules = recorded_modules(run)
+        parent = (run.context.get("parent") or {}).get("run_id")
+        if modules or not parent:
+            return modules
+        try:
+            run = s.get(parent)
+        except SagaError:
+            return []
+    return []
 
 
 _decision_command("approve", True, "Approve a step that waits for confirmation.\n\n\b\n"

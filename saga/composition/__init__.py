@@ -22,7 +22,7 @@ from saga.composition.library import (
 )
 from saga.composition.plan import Plan, compile_plan
 from saga.domain import Run
-from saga.errors import CompositionNotFoundError, DefinitionError, Problem
+from saga.errors import CompositionNotFoundError, DefinitionError, Problem, SagaError
 from saga.lazy import lazy
 
 if TYPE_CHECKING:
@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 else:
     graph_form = lazy("saga.composition.graph_form")  # loaded by a graph-form document
 
-__all__ = ["GraphPlan", "Plan", "compile_any", "load", "load_child", "plan_of", "resolve"]
+__all__ = ["GraphPlan", "Plan", "compile_any", "load", "load_child", "plan_of", "resolve",
+           "tree_tools"]
 
 Tools = Collection[str] | Mapping[str, Any] | None
 
@@ -166,6 +167,22 @@ def load_child(use: str, tools: Tools, seen: tuple[str, ...] = ()) -> Plan:
             load_child(step.use, tools, (*seen, key))
     # A child that waits (an approval, a signal, a timer) makes its parent's step wait.
     return plan
+
+
+def tree_tools(plan: Plan, seen: frozenset[str] = frozenset()) -> set[str]:
+    """Every tool a run of ``plan`` may call, with those of the compositions its ``use``
+    steps name (loaded as a child run's start loads them). One that cannot be loaded here
+    adds none: its step fails when it starts, whatever tools there are."""
+    names = plan.tools_named()
+    for step in plan.steps.values():
+        if step.use is None or step.use in seen:
+            continue
+        try:
+            child = load_child(step.use, None)
+        except (SagaError, OSError):
+            continue
+        names |= tree_tools(child, seen | {step.use})
+    return names
 
 
 _PLANS: dict[str, Plan] = {}

@@ -20,9 +20,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
-from saga.composition import Plan, plan_of
-from saga.domain import Run
-from saga.errors import ToolsMissingError
+from saga.composition import Plan, load_child, plan_of, tree_tools
+from saga.domain import Run, StepState
+from saga.errors import RunNotFoundError, SagaError, ToolsMissingError
 from saga.executor.drive import Drive, EventHook, LeaseLike
 from saga.store.application import SagaApplication
 from saga.store.cache import ToolCache
@@ -61,14 +61,54 @@ def tools_needed(plan: Plan, run: Run) -> set[str]:
     return names
 
 
-def check_tools(registry: Registry, run: Run, plan: Plan | None = None) -> None:
+def check_tools(registry: Registry, run: Run, plan: Plan | None = None,
+                get_run: Callable[[str], Run] | None = None) -> None:
     """Raise ToolsMissingError, before anything is recorded, when ``registry`` lacks a
     tool the drive may call: a process started without the run's ``--tools`` module must
-    leave the run as it was (promise 7), not fail it."""
-    plan = plan or plan_of(run)
-    missing = sorted(name for name in tools_needed(plan, run) if name not in registry)
+    leave the run as it was (promise 7), not fail it. With ``get_run`` (which reads a
+    run), its nested compositions' tools count too: a child run's step is its parent's."""
+    missing = sorted(_lacking(registry, run, plan or plan_of(run), get_run))
     if missing:
         raise ToolsMissingError(run.run_id, missing, recorded_modules(run))
+
+
+def _lacking(registry: Registry, run: Run, plan: Plan,
+             get_run: Callable[[str], Run] | None) -> set[str]:
+    """The tools a drive of the run (and of the child runs it drives) may call that
+    ``registry`` lacks: an open child run's (any child's while the run compensates), and
+    for a ``use`` step with no child run yet, its composition's, loaded as its start would."""
+    names = tools_needed(plan, run)
+    lacking: set[str] = set()
+    uses = {step.id for step in plan.steps.values() if step.use is not None}
+    if get_run is not None and uses:
+        states: dict[str, list[StepState]] = {}
+        for state in run.steps.values():
+            if state["step_id"] in uses:
+                states.setdefault(state["step_id"], []).append(state)
+        for step_id in uses:
+            children = [c for s in states.get(step_id, []) if (c := _child(s, get_run))]
+            for child in children:
+                if run.compensation is not None or not child.is_finished:
+                    lacking |= _lacking(registry, child, plan_of(child), get_run)
+            settled = any(s["status"] in ("completed", "skipped")
+                          for s in states.get(step_id, []))
+            if not children and not settled and run.compensation is None:
+                # Not loadable here: its start fails, whatever the tools.
+                with contextlib.suppress(SagaError, OSError):
+                    names |= tree_tools(load_child(plan.steps[step_id].use or "", None))
+    return lacking | {name for name in names if name not in registry}
+
+
+def _child(state: StepState, get_run: Callable[[str], Run]) -> Run | None:
+    """The child run a ``use`` step's attempt started, if it was recorded."""
+    parameters = state.get("parameters")
+    child_id = parameters.get("run") if isinstance(parameters, dict) else None
+    if not child_id:
+        return None
+    try:
+        return get_run(str(child_id))
+    except RunNotFoundError:
+        return None
 
 
 def _now() -> datetime:
@@ -211,7 +251,7 @@ class Executor:
         """Async form of :meth:`drive` (ToolsMissingError, with nothing recorded, when the
         registry lacks a tool the run names)."""
         plan = plan_of(run)
-        check_tools(self.registry, run, plan)
+        check_tools(self.registry, run, plan, self.app.get_run)
         # A worker's group commit counts its drives, a child run's too (see GroupCommit).
         with self.group.driving() if self.group is not None else contextlib.nullcontext():
             return await Drive(self, run, plan, lease).go()

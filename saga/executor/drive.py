@@ -22,6 +22,7 @@ from saga.domain import Run, StepState, idempotency_key, step_key
 from saga.errors import LeaseLostError, ToolError
 from saga.executor import calls, nesting, outputs
 from saga.executor.calls import Outcome
+from saga.executor.waits import abandon_wait, wait_length
 from saga.scheduler import CompensateStep, Recorded, RequestApproval, RunRemedy, StartStep
 from saga.telemetry import metrics, scope, tracing
 from saga.tools import ToolContext
@@ -291,7 +292,7 @@ class Drive:
         for key, wait in self.run.waits.items():
             state = self.run.steps[key]
             if self.run.timed_out or self.run.compensation is not None:
-                self._abandon_wait(state)  # nothing it waits for can come now
+                abandon_wait(self.run, state)  # nothing it waits for can come now
                 continue  # (a child it waits for is ended with it: nesting.end_children)
             if wait.get("child"):
                 launches += self._child_waits(key)
@@ -330,29 +331,11 @@ class Drive:
             self.run.fail_step(step_id, iteration, number, error_type, message)
         for key, wait in self.run.waits.items():  # a sleep or a signal wait is in flight too
             if not wait.get("child"):
-                self._abandon_wait(self.run.steps[key])
-
-    def _abandon_wait(self, state: StepState) -> None:
-        """A sleep or signal wait of a run that timed out or compensates (a cancel) ends as
-        a failed attempt: never a step left running after its run ended."""
-        comp = self.run.compensation
-        if self.run.timed_out:
-            kind, message = "RunTimeout", f"the run's deadline {self.run.timed_out} passed"
-        elif comp is not None and comp.get("cancel"):
-            kind, message = "RunCancelled", f"the run was cancelled: {comp['reason']}"
-        else:
-            kind, message = "RunCompensating", \
-                f"the run compensates: {comp['reason'] if comp else ''}"
-        self.run.fail_step(state["step_id"], state["iteration"], state["attempt"], kind,
-                           message)
+                abandon_wait(self.run, self.run.steps[key])
 
     def _end_wait(self, state: StepState, wait: dict[str, Any]) -> None:
         step_id, iteration, attempt = state["step_id"], state["iteration"], state["attempt"]
-        # The wait's own length, from its start to its due time (both recorded): a durable
-        # wait ends when a worker looks, which may be long after (its StepCompleted's time
-        # says when that was).
-        waited = calls.ms_between_iso(state.get("attempt_started_at"),
-                                      datetime.fromisoformat(wait["until"]))
+        waited = wait_length(state, wait)  # not until a worker came back
         if wait["signal"] is None:
             self.run.complete_step(step_id, iteration, attempt,
                                    {"slept_until": wait["until"]}, waited)

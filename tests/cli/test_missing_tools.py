@@ -206,3 +206,52 @@ def test_a_worker_says_once_that_it_leaves_a_run(sqlite_settings: Settings, tmp_
         said = [r for r in caplog.records if run_id in r.getMessage()]
         assert len(said) == 1  # ... and said so once
         assert s.get(run_id).version == version
+
+
+def test_a_nested_composition_needs_its_tools_too(settings: Settings, tmp_path: Path) -> None:
+    """A child run's tools are its parent's: resuming either without the module changes
+    neither, whether the child run waits already or its step has yet to start it."""
+    cli = Cli(settings, tmp_path)
+    (tmp_path / "child.yaml").write_text(GATED.replace("gated-greeting", "child"))
+    (tmp_path / "later.yaml").write_text(
+        "name: later\nsteps:\n  - {id: greet, tool: ops.greet, args: {name: bo}}\n")
+    (tmp_path / "parent.yaml").write_text("""
+name: parent
+steps:
+  - {id: first, tool: echo, args: {a: 1}}
+  - {id: sub, use: child.yaml}
+  - {id: hold, tool: noop, confirm: "more?"}
+  - {id: more, use: later.yaml}
+""")
+    ran = cli("run", "parent.yaml", "--tools", "opstools", "--json")
+    assert ran.returncode == 0, ran.stderr
+    parent = json.loads(ran.stdout)["run_id"]
+    listed = json.loads(cli("list", "--json").stdout)
+    child = next(r["run_id"] for r in listed if r["definition"] == "child")
+    approved = cli("approve", child, "gate")
+    assert approved.returncode == 0, approved.stderr
+    assert f"saga resume {child} --tools opstools" in approved.stdout  # its parent's module
+    before = (cli.history(parent), cli.history(child))
+    for run_id in (child, parent):
+        done = cli("resume", run_id)
+        assert done.returncode == 2 and "'ops.greet'" in done.stderr, done.stderr
+        assert "--tools opstools" in done.stderr and "Traceback" not in done.stderr
+    assert (cli.history(parent), cli.history(child)) == before
+    assert cli.called() == []
+
+    deadline = time.monotonic() + 60
+    while json.loads(cli("status", parent, "--json").stdout)["status"] != "waiting" \
+            or cli.called() != ["greet"]:
+        assert time.monotonic() < deadline
+        resumed = cli("resume", parent, "--tools", "opstools")
+        assert resumed.returncode == 0, resumed.stderr
+    assert cli("approve", parent, "hold").returncode == 0
+    # `more` has no child run yet: its composition's tools are looked at before it starts.
+    before = cli.history(parent)
+    done = cli("resume", parent)
+    assert done.returncode == 2 and "'ops.greet'" in done.stderr, done.stderr
+    assert cli.history(parent) == before
+    finished = cli("resume", parent, "--tools", "opstools", "--json")
+    assert finished.returncode == 0, finished.stderr
+    assert json.loads(finished.stdout)["status"] == "completed"
+    assert cli.called() == ["greet", "greet"]

@@ -83,16 +83,16 @@ def test_a_released_signal_wait_times_out_in_the_worker_that_finds_it(
         settings: Settings) -> None:
     """The run's deadline passes while no process holds it (the wait is longer than a
     worker holds a run); a new worker process finds it past its deadline."""
-    flow = {"name": "signal-deadline-later", "timeout": "2s", "steps": [
+    flow = {"name": "signal-deadline-later", "timeout": "4s", "steps": [
         {"id": "made", "tool": "echo", "parameters": {"x": 1},
          "compensate": {"tool": "echo", "parameters": {"undo": "{{ output.x }}"}}},
         {"id": "approve", "signal": "go"}]}
     with Saga(settings) as s:
         run = s.submit(s.load(flow))
-    worker(settings, "first")  # starts the wait, and lets the run go
+    worker(settings, "first")  # starts the wait, and lets the run go (well before 4 s)
     assert status(settings, run.run_id)["steps"]["approve"]["status"] == "running"
     started = history(settings, run.run_id)[0]["timestamp"]
-    wait_until(datetime.fromisoformat(started) + timedelta(seconds=2))
+    wait_until(datetime.fromisoformat(started) + timedelta(seconds=4))
     deadline = time.monotonic() + 60
     while status(settings, run.run_id)["status"] not in ("compensated", "failed"):
         assert time.monotonic() < deadline
