@@ -98,6 +98,10 @@ def templates_show(name: str, as_json: bool) -> None:
                        f"{spec.get('description', '')}")
     if info.config:
         click.echo("\nneeds in saga.toml:\n" + str(info.config).rstrip())
+    if info.setup:  # what an empty folder needs first, as commands to paste
+        click.echo("\nsetup (in an empty folder):")
+        for command in info.setup:
+            click.echo("  " + command)
     if info.example:
         click.echo("\nexample: " + str(info.example).strip())
     rate = stats.get("success_rate")

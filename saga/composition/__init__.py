@@ -17,6 +17,7 @@ from saga.composition.definition import load_file, text_problems
 from saga.composition.library import (
     SUFFIXES,
     find_template,
+    source_name,
     template_document,
     template_problems,
 )
@@ -68,7 +69,7 @@ def load(source: str | Path | Mapping[str, Any], tools: Tools = None) -> Plan:
                 source = resolve(str(source))  # a template's name where a file is expected
             except DefinitionError as e:
                 raise CompositionNotFoundError(e.problems[0]) from e
-        plan = compile_any(load_file(source), tools=tools, source=str(source))
+        plan = compile_any(load_file(source), tools=tools, source=source_name(source))
     problems = []
     for i, step in enumerate(plan.definition.steps):
         if step.use is None:
@@ -80,7 +81,8 @@ def load(source: str | Path | Mapping[str, Any], tools: Tools = None) -> Plan:
         else:
             problems += mapping_problems(plan, i, child)
     if problems:
-        raise DefinitionError(problems, None if isinstance(source, Mapping) else str(source))
+        raise DefinitionError(problems, None if isinstance(source, Mapping)
+                              else source_name(source))
     return plan
 
 

@@ -2,7 +2,9 @@
 
 A template is an ordinary composition file (``.yaml``, ``.yml`` or ``.json``) whose
 ``metadata`` says what it is for: ``{title, category, tags, required_tools}``, and
-optionally ``example`` (a command line) and ``config`` (the saga.toml it needs). It is
+optionally ``example`` (a command line), ``config`` (the saga.toml it needs) and
+``setup`` (the shell commands that make an empty folder ready for the example: the
+saga.toml stanza, a table with its rows, a git repository, a loopback server). It is
 found by its file stem (``money-transfer``). Seed 001's template documents (``{id, name,
 composition, metadata, validation}``) are found by their ``id``, and seed 003's skill
 manifests (``SKILL.md``, or ``NAME/SKILL.md``) by their folder's name.
@@ -55,6 +57,7 @@ class TemplateInfo:
     inputs: tuple[dict[str, Any], ...] = field(default=())
     example: str = ""  # metadata.example: a command line that runs it
     config: str = ""  # metadata.config: the saga.toml it needs (shell allowlist, servers)
+    setup: tuple[str, ...] = ()  # metadata.setup: shell commands run before the example
     long_description: str = ""  # a SKILL.md's markdown body
     error: str | None = None  # set when the file cannot be read as a composition
 
@@ -62,7 +65,8 @@ class TemplateInfo:
         """The template as plain JSON."""
         data = asdict(self)
         data.update(path=str(self.path), tags=list(self.tags),
-                    required_tools=list(self.required_tools), inputs=list(self.inputs))
+                    required_tools=list(self.required_tools), inputs=list(self.inputs),
+                    setup=list(self.setup))
         return data
 
 
@@ -191,7 +195,25 @@ def read_template(path: Path) -> TemplateInfo:
         version=str(data.get("version", "")), inputs=inputs,
         example=" ".join(str(meta.get("example") or "").split()),
         config=str(meta.get("config") or ""),
+        setup=_commands(meta.get("setup")),
         long_description=str(meta.get("long_description") or ""))
+
+
+def _commands(value: Any) -> tuple[str, ...]:
+    """``metadata.setup``: one shell command or a list of them."""
+    if isinstance(value, str):
+        value = [value]
+    return tuple(str(c).strip() for c in value or () if str(c).strip())
+
+
+def source_name(source: str | Path) -> str:
+    """How an error names a composition file: a built-in template by its name
+    (``template 'money-transfer'``), not by its path inside the installed package, which
+    tells a user nothing they can open or fix; any other file by the path they gave."""
+    path = Path(source)
+    if path.suffix in SUFFIXES and path.parent.resolve() == TEMPLATES_DIR:
+        return f"template {path.stem!r}"
+    return str(source)
 
 
 def list_templates(settings: Settings | None = None) -> list[TemplateInfo]:

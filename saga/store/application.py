@@ -15,6 +15,7 @@ import sqlite3
 import threading
 import types
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -67,6 +68,18 @@ def store_errors(where: str) -> Iterator[None]:
 #: How many snapshots a run gets each time its length doubles, once it is long (see
 #: :func:`snapshot_due`).
 SNAPSHOTS_PER_DOUBLING = 16
+
+
+def make_home(home: Path) -> None:
+    """Create saga's home folder (the SQLite store) when it is missing, with a
+    ``.gitignore`` of ``*`` in it, as pytest does for ``.pytest_cache``: a ``.saga/``
+    made inside a git repository never shows as a change there (a clean-tree check, such
+    as the release template's, would fail on saga's own files)."""
+    if home.is_dir():
+        return
+    home.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):  # a read-only place still gets its store
+        (home / ".gitignore").write_text("# created by saga\n*\n", encoding="utf-8")
 
 
 def snapshot_due(version: int, interval: int) -> bool:
@@ -132,7 +145,7 @@ class SagaApplication(Application[UUID]):
                 setup.conn.close()
             _without_blind_retries(self.recorder, getattr(self.snapshots, "recorder", None))
         else:
-            settings.home.mkdir(parents=True, exist_ok=True)
+            make_home(settings.home)
             with store_errors(settings.store_description):
                 super().__init__(env=env)
 

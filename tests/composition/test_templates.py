@@ -207,7 +207,7 @@ def test_list_templates_returns_every_template_with_its_metadata() -> None:
         if "shell" in t.required_tools:
             assert {"grep"} <= set(config["shell"]["allow"]), name
         if name == "mcp-tools":
-            assert config["mcp"]["servers"]["demo"]["args"] == ["tests/standins/mcp_server.py"]
+            assert config["mcp"]["servers"]["demo"]["args"] == ["-m", "saga.tools.demo_mcp"]
     categories = {t.category for t in templates}
     assert len(categories) >= 8
 
