@@ -370,10 +370,10 @@ class Drive:
         elif outcome.kind == "child":  # the step waits for its child, which waits
             key = step_key(outcome.step_id, outcome.iteration)
             self.children.add(key)  # driven on by a later drive, when there is news of it
-            waits: nesting.ChildWaits = outcome.output
+            child: nesting.ChildWaits = outcome.output
             wait = run.steps[key].get("wait") or {}
-            if (wait.get("child"), wait.get("until")) != (waits.run_id, waits.until):
-                run.wait(outcome.step_id, outcome.iteration, waits.until, None, waits.run_id)
+            if (wait.get("child"), wait.get("until")) != (child.run_id, child.until):
+                run.wait(outcome.step_id, outcome.iteration, child.until, None, child.run_id)
         elif outcome.kind == "compensation":
             self.compensating.discard(f"{outcome.step_id}:{outcome.iteration}")
             if outcome.ok:
