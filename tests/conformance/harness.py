@@ -48,6 +48,7 @@ class Trace:
     commands: int = 0
     problems: list[str] = field(default_factory=list)
     stuck: str | None = None
+    children: set[str] = field(default_factory=set)
 
 
 def store_env(settings: Settings) -> dict[str, str]:
@@ -150,8 +151,10 @@ class Simulation:
                 self.trace.killed.add(w.pid)
             self.start_worker()
         elif name == "churn":
-            for i in range(self.rng.randint(3, 8)):
-                self.later.append((now + 0.1 + i * self.rng.uniform(0.1, 0.6), "op", "kill"))
+            at = now
+            while at < now + 3.0:  # a kill every 0.1-0.6 s for 3 s
+                at += self.rng.uniform(0.1, 0.6)
+                self.later.append((at, "op", "kill"))
         elif name == "zombie":
             w = self.victim()
             if w is not None:
@@ -178,7 +181,8 @@ class Simulation:
             if r.returncode == 0:
                 self.trace.cancelled = True
             elif "cannot" not in r.stderr and "is " not in r.stderr:
-                self.trace.problems.append(f"saga cancel exited {r.returncode}: {r.stderr}")
+                self.trace.problems.append(f"saga cancel exited {r.returncode}: "
+                                           f"{(r.stdout + r.stderr).strip()[-300:]}")
         elif name == "resume":
             self.others.append((float("inf"), self.spawn("resume", rid)))
         elif name == "resume_notools":

@@ -82,6 +82,7 @@ def check(sim: Simulation, trace: Trace) -> list[str]:
     if err:
         return [*bad, f"readable: {err} (break 1 or 2)"]
     children = status.get("children", [])
+    trace.children = {c["run_id"] for c in children}
     runs = {rid: status} | {c["run_id"]: c for c in children}
     histories: dict[str, list[dict[str, Any]]] = {}
     for run_id in runs:
@@ -255,7 +256,8 @@ def _undo_exact(run_id: str, h: list[dict[str, Any]], status: dict[str, Any],
         extra = [k for k in named if k not in want and k not in interrupted]
         why = ""
         if missing:
-            why = " (break 3: a whole-template step lost its tool's own undo?)"
+            why = (" (break 3: a step lost its tool's own undo: whole-template parameters, "
+                   "or a graph-form task?)")
         bad.append(f"undo-exact: {run_id} compensates {named}, but its completed undoable "
                    f"steps in reverse order are {want} (missing {missing}, extra {extra}){why}")
     done = [_key(e) for e in h if e["type"] in ("StepCompensated", "CompensationFailed")]

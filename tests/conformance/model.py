@@ -39,6 +39,7 @@ Pause/unpause, reads, kills, zombies, workers without the tools module and
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -200,8 +201,40 @@ def _act(s: dict[str, Any]) -> dict[str, Any]:
     return step
 
 
+def graph_eligible(case: dict[str, Any]) -> bool:
+    """Whether the case is a plain chain the graph form can say the same way."""
+    return all(s["kind"] == "act" and not s.get("confirm") and s.get("when") is None
+               and not s.get("group") and not s["retries"] and not s.get("slow")
+               and not s.get("on_error") and s["fail_times"] in (0, 9)
+               for s in case["steps"])
+
+
+def graph(case: dict[str, Any]) -> dict[str, Any]:
+    """The case as seed 004's graph form: a chain of task nodes."""
+    nodes = []
+    for s in case["steps"]:
+        role = {"explicit": "sim_act", "failing": "sim_act", "own": "sim_own",
+                "none": "sim_plain"}[s["undo"]]
+        if s["fail_times"]:
+            role = "sim_fail"
+        config: dict[str, Any] = {"role": role, "task_template": f"do {s['id']}: {{input}}"}
+        if s["undo"] in ("explicit", "failing") or (s["fail_times"] and s["undo"] == "own"):
+            config["compensate"] = {"tool": "sim_undo", "args": {
+                "what": s["id"], "fail": s["undo"] == "failing"}}
+        nodes.append({"id": s["id"], "type": "task", "task_config": config})
+    ids = [s["id"] for s in case["steps"]]
+    return {"id": "conformance-graph", "name": "conformance-graph", "entry_point": ids[0],
+            "exit_points": [ids[-1]], "nodes": nodes,
+            "edges": [{"id": f"e{i}", "source": a, "target": b}
+                      for i, (a, b) in enumerate(itertools.pairwise(ids))],
+            "config": {"fail_fast": True}}
+
+
 def composition(case: dict[str, Any], where: Path) -> dict[str, Any]:
-    """The case's step-list composition (children are written under ``where``)."""
+    """The case's composition: seed 004's graph form when the case asks for it and is a
+    plain chain, else the step-list form (children are written under ``where``)."""
+    if case.get("form") == "graph" and graph_eligible(case):
+        return graph(case)
     steps: list[dict[str, Any]] = []
     confirmations = []
     for s in case["steps"]:
@@ -319,14 +352,22 @@ def cases(draw: st.DrawFn, *, max_steps: int = 20, long_chain: int = 0,
 
     ``long_chain`` adds a prefix of that many plain tool steps (up to 300 in the long
     mode), so that runs pass several snapshots."""
-    steps = draw(st.lists(any_step(), min_size=1, max_size=max_steps))
+    if draw(st.integers(0, 4)) == 0:  # a plain chain, which the graph form can say too
+        steps = draw(st.lists(st.builds(lambda u, f: {
+            "kind": "act", "undo": u, "retries": 0, "fail_times": f, "whole": False,
+            "on_error": None, "when": None, "slow": 0, "confirm": None},
+            st.sampled_from(["explicit", "own", "none", "failing"]),
+            st.sampled_from([0, 0, 0, 0, 9])), min_size=1, max_size=max_steps))
+    else:
+        steps = draw(st.lists(any_step(), min_size=1, max_size=max_steps))
     if long_chain:
         n = draw(st.integers(long_chain // 3, long_chain))
         steps = [{"kind": "act", "undo": "explicit", "retries": 0, "fail_times": 0,
                   "whole": i % 2 == 0, "on_error": None, "when": None, "slow": 0}
                  for i in range(n)] + steps
     # a parallel group: a few consecutive plain tool steps that start together
-    if draw(st.booleans()) and len(steps) >= 1:
+    if draw(st.booleans()) and not all(s["kind"] == "act" and not s.get("slow")
+                                       and s.get("confirm") is None for s in steps):
         at = draw(st.integers(0, len(steps)))
         members = draw(st.lists(act_steps(plain=True), min_size=2, max_size=4))
         for m in members:
@@ -338,6 +379,7 @@ def cases(draw: st.DrawFn, *, max_steps: int = 20, long_chain: int = 0,
             "retry_failed": draw(st.booleans()),
             "ops": draw(operations(horizon=horizon, churn=churn)),
             "answer_delay": draw(st.sampled_from([0, 0, 1.0, 2.5])),
+            "form": draw(st.sampled_from(["list", "list", "graph"])),
             "workers": draw(st.integers(1, 2)), "salt": draw(_ident)}
 
 
@@ -383,6 +425,12 @@ TARGETED: dict[str, dict[str, Any]] = {
                     {"id": "s12", "kind": "use", "child_steps": 2, "child_sleep": 0.5,
                      "child_fails": False}, _a("s13", slow=0.2)],
                    [[0.3, "churn"], [2.0, "churn"], [4.0, "churn"]], 106, workers=2),
+    # a new break: a cancel while a call is in flight in a live worker
+    "cancel_in_flight": _case([_a("s0"), _a("s1", slow=1.0)], [[0.5, "cancel"]], 108),
+    # the graph form: a chain of task nodes, the last failing, compensated in reverse
+    "graph_undo": _case([_a("s0"), _a("s1", undo="none"), _a("s2", undo="own"), _a("s3"),
+                         _a("s4", fail_times=9)], [[0.3, "kill"], [0.8, "read"]], 109,
+                        form="graph"),
     # break 7: a worker stopped past its lease in the middle of a chain of calls
     "zombie": _case([_a(f"s{i}", slow=0.05 if i % 3 else 0.4) for i in range(30)],
                     [[0.3, "zombie"], [1.6, "zombie"]], 107, workers=2),

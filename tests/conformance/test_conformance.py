@@ -87,6 +87,10 @@ def simulate(case: dict[str, Any], store: str) -> None:
         assert r.returncode == 0, r.stderr
         trace = sim.run()
         bad = check(sim, trace)
+        if bad:  # keep the histories: the store goes with this block
+            for run_id in {trace.run_id, *trace.children}:
+                out = sim.cli("history", run_id, "--json").stdout
+                (where / f"history-{run_id}.json").write_text(out)
     stats = os.environ.get("SIM_STATS")
     if stats:
         with open(stats, "a", encoding="utf-8") as f:

@@ -12,6 +12,7 @@ count effects from the ledger: calls per step attempt, undos per step, undo orde
 - ``sim_own`` has an undo of its own (registered with ``compensate=``), as the ``file``
   tool does: the composition names no ``compensate``.
 - ``sim_plain`` has no undo at all: it must be named as not undone.
+- ``sim_fail`` always fails (for graph-form tasks, whose only parameter is ``task``).
 - ``sim_undo`` records an undo; ``fail: true`` makes the compensation fail.
 - ``sim_slow`` is ``sim_act`` that takes ``seconds`` (so pauses, kills and cancels land
   while a call is in flight).
@@ -82,6 +83,12 @@ def _own_undo(params: dict[str, Any], output: Any, ctx: ToolContext) -> dict[str
 def sim_own(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     """An effect with its tool's own undo (as the ``file`` tool has)."""
     return _act("sim_own", params, ctx)
+
+
+@tool("sim_fail")
+def sim_fail(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    """An effect that always fails (a graph-form task has no parameters of its own)."""
+    return _act("sim_fail", {**params, "fail": True}, ctx)
 
 
 @tool("sim_undo")
