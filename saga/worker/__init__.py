@@ -40,7 +40,8 @@ from saga.store.reconnect import backoff
 from saga.telemetry import metrics
 from saga.worker.index import RunIndex
 
-__all__ = ["CLAIM_ROUNDS", "HELD_RECHECK", "LOOK_AHEAD", "WORKER_HOLD", "RunIndex", "Worker"]
+__all__ = ["CLAIM_ROUNDS", "HELD_RECHECK", "LACKING_RECHECK", "LOOK_AHEAD", "WORKER_HOLD",
+           "RunIndex", "Worker"]
 
 log = logging.getLogger("saga.worker")
 
@@ -50,6 +51,10 @@ WORKER_HOLD = 1.0
 #: A run another worker holds is tried again after this long at the latest (seconds),
 #: though its lease runs longer: a worker that stops gives its runs up before then.
 HELD_RECHECK = 5.0
+#: A run this worker lacks tools for is looked at again after this long (seconds), or
+#: sooner on news of it (a cancel needs fewer tools): its registry never grows, and each
+#: look holds the run's lease a moment from the workers that have them.
+LACKING_RECHECK = 30.0
 #: Claims a look makes at most: after the first, only if other workers held some of the
 #: runs it wanted (the next runs in the order are tried instead).
 CLAIM_ROUNDS = 4
@@ -113,6 +118,7 @@ class Worker:
         #: The runs (with the tools they need) this worker left for lack of tools, each
         #: said once in its log.
         self._missing: set[tuple[str, tuple[str, ...]]] = set()
+        self._lacking: deque[str] = deque()  # of those, the runs to hold off (next look)
         self._stopping: asyncio.Event | None = None
         self._running: tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None = None
 
@@ -213,6 +219,9 @@ class Worker:
         self._release_ended()
         while self._failed:  # else the next look drives it again, and fails, at once
             self._held_elsewhere({self._failed.popleft(): self.leases.clock() + HELD_RECHECK})
+        while self._lacking:
+            later = datetime.fromtimestamp(self.leases.clock() + LACKING_RECHECK, UTC)
+            self.index.held(self._lacking.popleft(), later.isoformat())
         while self._parked:
             self.index.park(self._parked.popleft())
         active = set(driving)  # and those claimed in this look
@@ -421,12 +430,12 @@ class Worker:
             log.warning("run %s: %s; it will be driven again", run_id, e)
         except ToolsMissingError as e:
             # Nothing was recorded: the run is left for a worker with the tools (this one
-            # looks again after HELD_RECHECK, and says so once per run and tools).
+            # looks again after LACKING_RECHECK, and says so once per run and tools).
             if (run_id, tuple(e.tools)) not in self._missing:
                 self._missing.add((run_id, tuple(e.tools)))
                 log.warning("worker %s leaves run %s to a worker that has its tools: %s",
                             self.worker_id, run_id, e)
-            self._failed.append(run_id)
+            self._lacking.append(run_id)
         except SagaError as e:
             log.error("run %s: %s (tried again in %.0f s)", run_id, e, HELD_RECHECK)
             self._failed.append(run_id)

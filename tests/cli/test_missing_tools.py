@@ -196,7 +196,7 @@ def test_a_worker_says_once_that_it_leaves_a_run(sqlite_settings: Settings, tmp_
     flow = tmp_path / "greeting.yaml"
     flow.write_text("name: greeting\nsteps:\n  - {id: greet, tool: ops.greet}\n")
     run_id = cli("submit", str(flow), "--tools", "opstools").stdout.strip()
-    monkeypatch.setattr("saga.worker.HELD_RECHECK", 0.05)  # looked at again soon
+    monkeypatch.setattr("saga.worker.LACKING_RECHECK", 0.05)  # looked at again soon
     with Saga(sqlite_settings) as s, caplog.at_level(logging.WARNING, "saga.worker"):
         version = s.get(run_id).version
         worker = s.worker_loop(worker_id="bare", poll_interval=0.02)
@@ -255,3 +255,35 @@ steps:
     assert finished.returncode == 0, finished.stderr
     assert json.loads(finished.stdout)["status"] == "completed"
     assert cli.called() == ["greet", "greet"]
+
+
+def test_a_fleet_with_a_worker_lacking_the_module_still_finishes_the_run(
+        settings: Settings, tmp_path: Path) -> None:
+    """Both workers run at once: the one without the module says once that it leaves the
+    run and records nothing; the one with it drives the run to its end."""
+    cli = Cli(settings, tmp_path)
+    flow = tmp_path / "greeting.yaml"
+    flow.write_text("name: greeting\nsteps:\n  - {id: greet, tool: ops.greet}\n"
+                    "  - {id: after, tool: echo, args: {b: 2}}\n")
+    run_id = cli("submit", str(flow), "--tools", "opstools").stdout.strip()
+    said = tmp_path / "bare.err"
+    with said.open("w") as err:
+        bare = subprocess.Popen([sys.executable, "-m", "saga.cli", "worker", "--poll", "0.05",
+                                 "--id", "bare"], cwd=tmp_path, env=cli.env,
+                                stdout=subprocess.DEVNULL, stderr=err, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while run_id not in said.read_text():  # it tried the run, and let it go
+            assert bare.poll() is None and time.monotonic() < deadline, said.read_text()
+            time.sleep(0.05)
+        able = cli("worker", "--until-idle", "--poll", "0.05", "--id", "able",
+                   "--tools", "opstools")
+        assert able.returncode == 0, able.stderr
+    finally:
+        bare.terminate()
+        bare.wait(timeout=60)
+    history = cli.history(run_id)
+    assert history[-1]["type"] == "RunCompleted"
+    assert {e["payload"]["worker"] for e in history if e["type"] == "StepStarted"} == {"able"}
+    assert cli.called() == ["greet"]
+    assert len([line for line in said.read_text().splitlines() if run_id in line]) == 1
