@@ -46,18 +46,21 @@ def recorded_modules(run: Run) -> list[str]:
     return [str(m) for m in modules] if isinstance(modules, list) else []
 
 
-def tools_needed(plan: Plan, run: Run) -> set[str]:
+def tools_needed(plan: Plan, run: Run, undoing: bool = False) -> set[str]:
     """The tools a drive of the run may call from here on: any the plan names, or, once
-    the run compensates, only its steps' compensations (a cancel needs no forward tool)."""
-    if run.compensation is None:
+    the run compensates (or is to be undone: ``undoing``), only its steps' compensations
+    (a cancel needs no forward tool)."""
+    if run.compensation is None and not undoing:
         return plan.tools_named()
     names: set[str] = set()
     for state in run.steps.values():
+        if state["status"] in ("pending", "skipped", "compensated"):
+            continue  # nothing (left) to undo
         step = plan.step(state["step_id"])
         call = step.compensation
-        if call is not None and step.use is None:
-            tool = call.tool if call.tool is not None else step.tool
-            names.update([tool] if tool is not None else [])
+        own = step.tool if step.use is None else None  # a child undoes its own steps
+        tool = None if call is None else call.tool if call.tool is not None else own
+        names.update([tool] if tool is not None else [])
     return names
 
 
@@ -73,11 +76,13 @@ def check_tools(registry: Registry, run: Run, plan: Plan | None = None,
 
 
 def _lacking(registry: Registry, run: Run, plan: Plan,
-             get_run: Callable[[str], Run] | None) -> set[str]:
+             get_run: Callable[[str], Run] | None, undoing: bool = False) -> set[str]:
     """The tools a drive of the run (and of the child runs it drives) may call that
-    ``registry`` lacks: an open child run's (any child's while the run compensates), and
-    for a ``use`` step with no child run yet, its composition's, loaded as its start would."""
-    names = tools_needed(plan, run)
+    ``registry`` lacks: an open child run's (any child's compensations while the run
+    compensates), and for a ``use`` step with no child run yet, its composition's, loaded
+    as its start would."""
+    undoing = undoing or run.compensation is not None
+    names = tools_needed(plan, run, undoing)
     lacking: set[str] = set()
     uses = {step.id for step in plan.steps.values() if step.use is not None}
     if get_run is not None and uses:
@@ -88,11 +93,11 @@ def _lacking(registry: Registry, run: Run, plan: Plan,
         for step_id in uses:
             children = [c for s in states.get(step_id, []) if (c := _child(s, get_run))]
             for child in children:
-                if run.compensation is not None or not child.is_finished:
-                    lacking |= _lacking(registry, child, plan_of(child), get_run)
+                if undoing or not child.is_finished:
+                    lacking |= _lacking(registry, child, plan_of(child), get_run, undoing)
             settled = any(s["status"] in ("completed", "skipped")
                           for s in states.get(step_id, []))
-            if not children and not settled and run.compensation is None:
+            if not children and not settled and not undoing:
                 # Not loadable here: its start fails, whatever the tools.
                 with contextlib.suppress(SagaError, OSError):
                     names |= tree_tools(load_child(plan.steps[step_id].use or "", None))

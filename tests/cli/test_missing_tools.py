@@ -287,3 +287,57 @@ def test_a_fleet_with_a_worker_lacking_the_module_still_finishes_the_run(
     assert {e["payload"]["worker"] for e in history if e["type"] == "StepStarted"} == {"able"}
     assert cli.called() == ["greet"]
     assert len([line for line in said.read_text().splitlines() if run_id in line]) == 1
+
+
+def test_a_cancel_needs_only_the_tools_that_undo(settings: Settings, tmp_path: Path) -> None:
+    """Cancelling a waiting run calls only compensations: without the module of a step
+    that never ran it goes through; without the module of a compensation it is refused."""
+    cli = Cli(settings, tmp_path)
+    flow = tmp_path / "undo.yaml"
+    flow.write_text("""
+name: undoable
+steps:
+  - id: made
+    tool: echo
+    args: {thing: 1}
+    compensate: {tool: echo, args: {removed: "{{ output.thing }}"}}
+  - id: gate
+    tool: noop
+    confirm: "go?"
+  - id: greet
+    tool: ops.greet
+    args: {name: ada}
+""")
+    ran = cli("run", str(flow), "--tools", "opstools", "--json")
+    run_id = json.loads(ran.stdout)["run_id"]
+    cancelled = cli("cancel", run_id, "--json")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert json.loads(cancelled.stdout)["status"] == "cancelled"
+    assert status_of(cli, run_id)["steps"]["made"]["status"] == "compensated"
+
+    greeted = tmp_path / "greeted.yaml"
+    greeted.write_text("""
+name: greeted
+steps:
+  - id: greet
+    tool: ops.greet
+    args: {name: ada}
+    compensate: {tool: ops.undo, args: {what: "{{ output.hi }}"}}
+  - id: gate
+    tool: noop
+    confirm: "go?"
+""")
+    ran = cli("run", str(greeted), "--tools", "opstools", "--json")
+    run_id = json.loads(ran.stdout)["run_id"]
+    before = cli.history(run_id)
+    refused(cli("cancel", run_id), run_id, "ops.undo")
+    assert cli.history(run_id) == before
+    cancelled = cli("cancel", run_id, "--tools", "opstools", "--json")
+    assert json.loads(cancelled.stdout)["status"] == "cancelled", cancelled.stderr
+    assert cli.called() == ["greet", "undo"]
+
+
+def status_of(cli: Cli, run_id: str) -> dict[str, Any]:
+    done = cli("status", run_id, "--json")
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
