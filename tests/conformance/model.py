@@ -421,9 +421,9 @@ TARGETED: dict[str, dict[str, Any]] = {
                                     [1.6, "resume_notools"], [2.0, "worker_notools"],
                                     [2.5, "resume_notools"]], 105, answer_delay=1.2),
     # break 6: worker churn over a healthy chain with a child and compensations
-    "churn": _case([*[_a(f"s{i}", slow=0.1) for i in range(12)],
-                    {"id": "s12", "kind": "use", "child_steps": 2, "child_sleep": 0.5,
-                     "child_fails": False}, _a("s13", slow=0.2)],
+    "churn": _case([*[_a(f"s{i}", slow=0.1) for i in range(8)],
+                    {"id": "s8", "kind": "use", "child_steps": 2, "child_sleep": 0.5,
+                     "child_fails": False}, _a("s9", slow=0.2)],
                    [[0.3, "churn"], [2.0, "churn"], [4.0, "churn"]], 106, workers=2),
     # a new break: a cancel while a call is in flight in a live worker
     "cancel_in_flight": _case([_a("s0"), _a("s1", slow=1.0)], [[0.5, "cancel"]], 108),
@@ -432,6 +432,6 @@ TARGETED: dict[str, dict[str, Any]] = {
                          _a("s4", fail_times=9)], [[0.3, "kill"], [0.8, "read"]], 109,
                         form="graph"),
     # break 7: a worker stopped past its lease in the middle of a chain of calls
-    "zombie": _case([_a(f"s{i}", slow=0.05 if i % 3 else 0.4) for i in range(30)],
+    "zombie": _case([_a(f"s{i}", slow=0.05 if i % 3 else 0.4) for i in range(20)],
                     [[0.3, "zombie"], [1.6, "zombie"]], 107, workers=2),
 }
