@@ -49,7 +49,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
             "The store's tables."),
     'export': ('saga.cli.audit',
                 "Print a run's complete, verifiable history (check it with saga audit verify..."),
-    'graph': ('saga.cli.runs',
+    'graph': ('saga.cli.graph',
                'Draw a composition FILE, or a RUN with its steps coloured by status.'),
     'history': ('saga.cli.runs',
                  'Print every event of a run, in order.'),
@@ -117,7 +117,17 @@ class _Group(click.Group):
 
     def resolve_command(self, ctx: click.Context,
                         args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
-        resolved = super().resolve_command(ctx, args)
+        try:
+            resolved = super().resolve_command(ctx, args)
+        except click.UsageError as e:  # `saga rnu`: name the command they meant
+            import difflib
+
+            close = difflib.get_close_matches(args[0] if args else "",
+                                              self.list_commands(ctx), n=3, cutoff=0.6)
+            if close:
+                raise click.UsageError(f"{e.message} Did you mean "
+                                       f"{' or '.join(repr(c) for c in close)}?", e.ctx) from e
+            raise
         if _STARTING[0]:  # run() turned the collector off for the imports: see there
             _STARTING[0] = False
             gc.freeze()
@@ -137,10 +147,14 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise  # click prints usage errors itself, with their own exit code
+        except BrokenPipeError:
+            _quiet_stdout()  # `saga ... | head -1`: the reader had enough
+            sys.exit(0)
         except SagaError as e:
             if ctx.params.get("debug"):
                 raise
-            click.echo("error: " + " ".join(str(e).split()), err=True)
+            for line in _error_lines(e):
+                click.echo(line, err=True)
             sys.exit(e.exit_code)
         except Exception as e:  # the promise: one clear line, traceback only with --debug
             if ctx.params.get("debug"):
@@ -149,6 +163,28 @@ class _Group(click.Group):
             click.echo(f"error: {type(e).__name__}: {detail} (run with --debug for details)",
                        err=True)
             sys.exit(1)
+
+
+def _error_lines(error: SagaError) -> list[str]:
+    """An error as stderr shows it: one line; or, for an error with several problems (a
+    composition's, the inputs'), its summary and then each problem on a line of its own."""
+    text = " ".join(str(error).split())
+    problems = [" ".join(str(p).split()) for p in getattr(error, "problems", None) or ()]
+    detail = "; ".join(problems)
+    if len(problems) < 2 or not text.endswith(": " + detail):
+        return ["error: " + text]
+    return ["error: " + text[:-len(detail) - 2] + ":", *("  " + p for p in problems)]
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null once its reader has gone, so that the flush at exit does
+    not fail a second time (Python would print the BrokenPipeError then)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 class FilePath(click.Path):
@@ -253,6 +289,9 @@ def run() -> NoReturn:
         code: Any = 0
     except SystemExit as e:
         code = e.code
+    except BrokenPipeError:  # raised outside a command (click's own output): as there
+        _quiet_stdout()
+        code = 0
     _exit(code)
 
 

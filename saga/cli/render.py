@@ -31,6 +31,35 @@ def _duration(ms: float | None) -> str:
     return f"{ms / 1000:.1f}s" if ms >= 1000 else f"{ms:.0f}ms"
 
 
+def _ago(stamp: str | None, now: datetime | None = None) -> str:
+    """An ISO time as a table shows it: how long ago, short (``45s ago``, ``2m ago``,
+    ``3h ago``, ``5d ago``), a date past 60 days; ``--json`` keeps the ISO time."""
+    if not stamp:
+        return "-"
+    try:
+        when = datetime.fromisoformat(stamp)
+    except ValueError:
+        return stamp
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    seconds = ((now or datetime.now(UTC)) - when).total_seconds()
+    if -60 < seconds < 60:  # a clock a little ahead of this one is "now" too
+        return f"{max(int(seconds), 0)}s ago"
+    for size, unit, below in ((60, "m", 3600), (3600, "h", 86400), (86400, "d", 60 * 86400)):
+        if 0 < seconds < below:
+            return f"{int(seconds // size)}{unit} ago"
+    return when.strftime("%Y-%m-%d")
+
+
+def _clock(stamp: str) -> str:
+    """An ISO time as a table of events shows it: the time of day, ``00:05:26.412`` (UTC,
+    as recorded)."""
+    try:
+        return datetime.fromisoformat(stamp).strftime("%H:%M:%S.%f")[:12]
+    except ValueError:
+        return stamp
+
+
 def _print_dry_run(preview: dict[str, Any], as_json: bool) -> None:
     if as_json:
         _emit_json(preview)
@@ -243,7 +272,7 @@ class _Progress:
     """What a run shows while it runs. On a terminal: the run id first, then a live table
     of its steps with the elapsed time, a step waiting for its retry as ``retrying in 4s``.
     Off a terminal (CI, cron): one line per recorded event, as it happens. On Ctrl-C: how
-    to resume or cancel. ``enabled`` False (``--json``) shows nothing."""
+    to resume or cancel (said by the command). ``enabled`` False (``--json``) shows nothing."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
@@ -265,12 +294,8 @@ class _Progress:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
-        if self._live is not None:
+        if self._live is not None:  # on Ctrl-C, the command says what was left (runs.py)
             self._live.__exit__(None, None, None)
-        if kind is KeyboardInterrupt and self.run_id:
-            click.echo(f"\ninterrupted: run {self.run_id} is recorded and can go on: "
-                       f"saga resume {self.run_id} (or a worker), or undo it: saga cancel "
-                       f"{self.run_id}", err=True)
 
     def update(self, run: Run, events: list[Any]) -> None:
         """Show what the commit that just happened recorded."""

@@ -23,6 +23,8 @@ from saga.cli.app import (
     tools_option,
 )
 from saga.cli.render import (
+    _ago,
+    _clock,
     _event_detail,
     _finish,
     _print_dry_run,
@@ -31,7 +33,7 @@ from saga.cli.render import (
 )
 from saga.composition import plan_of
 from saga.composition.definition import coerce_text, parse_text
-from saga.domain import Run
+from saga.domain import RUN_STATUSES, TERMINAL, Run
 from saga.errors import DefinitionError, InputError, Problem, SagaError
 from saga.executor import recorded_modules
 from saga.lazy import lazy
@@ -154,12 +156,42 @@ def _run_file(saga: Saga, file: str, options: dict[str, Any]) -> None:
     if options.get("dry_run"):
         _print_dry_run(saga.dry_run(plan, inputs), as_json)
         return
-    with _Progress(enabled=not as_json) as progress:
-        result = saga.run(plan, inputs, actor=options["actor"],
-                          options={"mode": options["mode"]}, run_id=options["run_id"],
-                          labels=_labels(options["label_pairs"]), on_events=progress.update,
-                          queue=options["queue"], priority=options["priority"])
+    progress = _Progress(enabled=not as_json)
+    try:
+        with progress:
+            result = saga.run(plan, inputs, actor=options["actor"],
+                              options={"mode": options["mode"]}, run_id=options["run_id"],
+                              labels=_labels(options["label_pairs"]),
+                              on_events=progress.update, queue=options["queue"],
+                              priority=options["priority"])
+    except KeyboardInterrupt:
+        _interrupted(saga, progress.run_id or options["run_id"])
+        sys.exit(130)  # the shell's code for a command ended by SIGINT
     _finish(result, as_json)
+
+
+def _interrupted(saga: Saga, run_id: str | None) -> None:
+    """Ctrl-C in ``saga run``: say what was left and where, and how to go on, instead of
+    click's bare "Aborted!". The run is durable: what it recorded stays, and a worker (or
+    ``saga resume``) continues it from there."""
+    try:
+        summary = saga.status(run_id) if run_id else None
+    except (SagaError, OSError):
+        summary = None
+    if summary is None:
+        note("interrupted: " + (f"run {run_id} was not found in the store" if run_id else
+                                "before the run was recorded; nothing was left"))
+        return
+    state = summary["status"]
+    if state in TERMINAL:
+        note(f"interrupted: run {run_id} ({summary['name']}) had already ended: {state}")
+        return
+    started = [k for k, s in summary.get("steps", {}).items() if s.get("status") == "running"]
+    where = f", steps in flight: {', '.join(started)}" if started else ""
+    note(f"interrupted: run {run_id} ({summary['name']}) is left {state}{where}; "
+         f"what it recorded stays in {saga.settings.store_description}")
+    note(f"  continue it: saga resume {run_id} (or let a worker take it: saga worker)")
+    note(f"  undo it: saga cancel {run_id}   see it: saga status {run_id}")
 
 
 @main.command()
@@ -396,7 +428,8 @@ def status(run_id: str, as_json: bool) -> None:
 
 
 @main.command(name="list")
-@click.option("--status", "status_filter", help="Only runs with this status.")
+@click.option("--status", "status_filter", type=click.Choice(RUN_STATUSES),
+              help="Only runs with this status.")
 @click.option("--definition", help="Only runs of this composition (its name).")
 @click.option("--actor", help="Only runs started by this actor.")
 @click.option("--label", "label_pairs", multiple=True, metavar="KEY=VALUE",
@@ -426,10 +459,31 @@ def list_runs(status_filter: str | None, definition: str | None, actor: str | No
     if not runs:
         click.echo("no runs")
         return
-    click.echo(f"{'RUN':<36}  {'STATUS':<12} {'DEFINITION':<30} {'ACTOR':<12} STARTED")
-    for r in runs:
-        click.echo(f"{r['run_id']:<36}  {r['status']:<12} {r['definition']:<30} "
-                   f"{(r['actor'] or '')[:12]:<12} {r['started_at']}")
+    ids = _short_ids([r["run_id"] for r in runs])
+    width = max(len(i) for i in ids)
+    click.echo(f"{'RUN':<{width}} {'STATUS':<12} {'DEFINITION':<22} {'ACTOR':<12} STARTED")
+    for r, run_id in zip(runs, ids, strict=True):
+        click.echo(f"{run_id:<{width}} {r['status']:<12} {_cut(r['definition'], 22):<22} "
+                   f"{_cut(r['actor'] or '', 12):<12} {_ago(r['started_at'])}")
+
+
+def _short_ids(run_ids: list[str]) -> list[str]:
+    """Run ids as ``saga list`` shows them, so a row fits 80 columns: a generated id
+    (a UUID) by its first 8 characters, more while two shown ones share them, as every
+    command finds a run by a unique prefix; a chosen id as it is, up to 20 characters."""
+    size = 8
+    while size < 36 and len({i[:size] for i in run_ids if _generated(i)}) < \
+            len({i for i in run_ids if _generated(i)}):
+        size += 4
+    return [i[:size] if _generated(i) else _cut(i, 20) for i in run_ids]
+
+
+def _generated(run_id: str) -> bool:
+    return len(run_id) == 36 and run_id.count("-") == 4
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 @main.command()
@@ -448,7 +502,7 @@ def history(run_id: str, as_json: bool) -> None:
         return
     for e in events:
         detail = _event_detail(e)
-        click.echo(f"{e['version']:>4}  {e['timestamp']}  {e['type']:<20} {detail}")
+        click.echo(f"{e['version']:>4}  {_clock(e['timestamp'])}  {e['type']:<20} {detail}")
 
 
 def _decision_command(name: str, approved: bool, doc: str) -> None:

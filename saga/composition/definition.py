@@ -10,9 +10,11 @@ errors, so a typo never passes silently. Every problem is collected and raised a
 
 from __future__ import annotations
 
+import functools
 import json
 import re
-from typing import Any, Literal
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -28,6 +30,12 @@ from saga.composition.text import load_file as load_file
 from saga.composition.text import parse_text as parse_text
 from saga.composition.text import text_problems as text_problems
 from saga.errors import InputError, Problem
+from saga.lazy import lazy
+
+if TYPE_CHECKING:
+    import difflib
+else:
+    difflib = lazy("difflib")  # only a misspelt name needs it
 
 InputType = Literal["string", "integer", "number", "boolean", "array", "object", "any"]
 FailureStrategy = Literal["fail_fast", "partial_success", "rollback", "retry"]
@@ -446,11 +454,39 @@ def _problem(err: Any) -> Problem:
     message = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         message = "unknown key (not part of the composition language)"
+        loc = tuple(err["loc"])
+        close = did_you_mean(str(loc[-1]), _known_keys(Definition) if len(loc) == 1 else
+                             _known_keys(Step) if loc[:1] == ("steps",) and len(loc) == 3
+                             else _known_keys()) if loc else ""
+        if close:
+            message += f"; did you mean {close}?"
     elif isinstance(err.get("input"), bool) and err["type"] == "string_type":
         word = "yes/on/true" if err["input"] else "no/off/false"
         message += (f"; YAML reads an unquoted {word} as a boolean: write it in quotes "
                     f"(id: \"{'on' if err['input'] else 'no'}\")")
     return Problem(path, message)
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """The known names closest to a misspelt ``name``, quoted and joined by "or" ("" when
+    none is close): ``'steps'`` for ``stepz``."""
+    close = difflib.get_close_matches(name, sorted(set(known)), n=3, cutoff=0.6)
+    return " or ".join(repr(c) for c in close)
+
+
+@functools.cache
+def _known_keys(of: type[BaseModel] | None = None) -> frozenset[str]:
+    """The keys of one model of the composition language (a step's, the document's), or
+    of them all: what an unknown key is compared with, by its fields and their aliases."""
+    keys: set[str] = set()
+    models = [of] if of is not None else list(globals().values())
+    for model in models:
+        if isinstance(model, type) and issubclass(model, BaseModel) and model is not BaseModel:
+            for name, info in model.model_fields.items():
+                keys.add(name)
+                if isinstance(info.alias, str):
+                    keys.add(info.alias)
+    return frozenset(keys)
 
 
 _PY_TYPES: dict[str, tuple[type, ...]] = {

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from saga import expressions, secrets
 from saga.chain import definition_hash
 from saga.composition.dag import StepGraph
-from saga.composition.definition import Definition, Step, ToolCall, build
+from saga.composition.definition import Definition, Step, ToolCall, build, did_you_mean
 from saga.errors import DefinitionError, ExpressionError, Problem
 from saga.lazy import lazy
 
@@ -197,7 +197,9 @@ def compile_plan(data: dict[str, Any] | Definition, *,
     if definition is not None:
         problems += _semantic_problems(definition, graph, tools)
     else:
-        problems += _step_problems(_valid_steps(raw_steps), graph, tools, _input_names(data))
+        valid = _valid_steps(raw_steps)
+        problems += _step_problems(valid, graph, tools, _input_names(data))
+        problems += _malformed_step_tools(raw_steps, {i for i, _ in valid}, tools)
     if problems or definition is None:
         raise DefinitionError(problems, source)
     order = tuple(graph.topological_order(key=_index_key(raw_steps)))
@@ -409,6 +411,31 @@ def _semantic_problems(definition: Definition, graph: StepGraph,
     return problems
 
 
+def unknown_tool(name: str, tools: Iterable[str]) -> str:
+    """What a composition is told about a tool that is not there: its name, and the
+    available tools its spelling is close to."""
+    close = did_you_mean(name, tools)
+    return f"unknown tool {name!r}" + (f"; did you mean {close}?" if close else "")
+
+
+def _malformed_step_tools(raw_steps: RawSteps, checked: set[int],
+                          tools: Collection[str] | Mapping[str, Any] | None) -> list[Problem]:
+    """The unknown tools of steps malformed elsewhere (a ``retry: 5``), which
+    :func:`_step_problems` cannot check as steps: every problem is said at once, an
+    unknown tool with the rest."""
+    if tools is None:
+        return []
+    problems = []
+    for i, raw in raw_steps:
+        if i in checked:
+            continue
+        for prefix, call in (("", raw), ("compensate.", raw.get("compensate"))):
+            name = call.get("tool") if isinstance(call, dict) else None
+            if isinstance(name, str) and name not in tools:
+                problems.append(Problem(f"steps[{i}].{prefix}tool", unknown_tool(name, tools)))
+    return problems
+
+
 def _tool_problems(step: Step, where: str,
                    tools: Collection[str] | Mapping[str, Any]) -> list[Problem]:
     """Unknown tools, missing own compensations, and parameters the tool's schema rejects."""
@@ -420,7 +447,7 @@ def _tool_problems(step: Step, where: str,
         if name is None:
             continue
         if name not in tools:
-            problems.append(Problem(f"{where}.{prefix}tool", f"unknown tool {name!r}"))
+            problems.append(Problem(f"{where}.{prefix}tool", unknown_tool(name, tools)))
             continue
         check = getattr(tools[name], "check_parameters", None) if isinstance(tools, Mapping) \
             else None
