@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,7 @@ class Trace:
     problems: list[str] = field(default_factory=list)
     stuck: str | None = None
     children: set[str] = field(default_factory=set)
+    restarts: int = 0
 
 
 def store_env(settings: Settings) -> dict[str, str]:
@@ -66,9 +68,10 @@ class Simulation:
     """One case, driven to its end by real workers under the case's operations."""
 
     def __init__(self, case: dict[str, Any], settings: Settings, workdir: Path, *,
-                 lease: float = 1.0, deadline: float = 90.0) -> None:
+                 lease: float = 1.0, deadline: float = 90.0,
+                 restart: Callable[[], None] | None = None) -> None:
         self.case, self.settings, self.dir = case, settings, workdir
-        self.lease, self.deadline = lease, deadline
+        self.lease, self.deadline, self.restart = lease, deadline, restart
         self.rng = random.Random(case["salt"])
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "files").mkdir(exist_ok=True)
@@ -190,6 +193,10 @@ class Simulation:
         elif name == "worker_notools":
             self.others.append((now + self.rng.uniform(1, 3),
                                 self.start_worker(tools=False)))
+        elif name == "pg_restart":
+            if self.restart is not None:  # only on a cluster of the test's own
+                self.restart()
+                self.trace.restarts += 1
         elif name == "read":
             self.read_everything()
         else:
@@ -269,7 +276,13 @@ class Simulation:
                 if not self.live_workers() and not self.stopped_now() \
                         and now >= self.no_workers_until:
                     self.start_worker()
-                run = saga.get(rid)
+                try:
+                    run = saga.get(rid)
+                except Exception:  # the server restarting: the workers ride it out
+                    if self.restart is None:
+                        raise
+                    time.sleep(0.2)
+                    continue
                 if run.is_finished and ops:
                     # what is left to do to a finished run only refuses: skip it
                     self.trace.ops += [f"{t:.2f}s {name} (skipped: run ended)"

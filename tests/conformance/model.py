@@ -61,6 +61,7 @@ OPERATIONS = {
     "read": "status, history, replay --verify, watch and audit verify by new processes",
     "churn": "kill a worker every 0.1-0.6 s for a few seconds",
     "outage": "stop every worker (SIGTERM) for 2 s: what an operator does then moves the run",
+    "pg_restart": "restart the PostgreSQL server (long mode, on a cluster the test started)",
 }
 
 
@@ -333,12 +334,15 @@ def any_step(draw: st.DrawFn) -> dict[str, Any]:
 
 
 @st.composite
-def operations(draw: st.DrawFn, *, horizon: float, churn: bool) -> list[list[Any]]:
+def operations(draw: st.DrawFn, *, horizon: float, churn: bool,
+               restarts: bool = False) -> list[list[Any]]:
     """A schedule of ``[seconds after submit, operation]``."""
     kinds = ["kill", "kill", "zombie", "pause", "pause", "read", "read", "resume",
              "zombie", "resume_notools", "worker_notools", "cancel", "outage"]
     if churn:
         kinds.append("churn")
+    if restarts:
+        kinds += ["pg_restart", "pg_restart"]
     n = draw(st.integers(1, 6))
     ops = [[round(draw(st.floats(0.1, horizon)), 2), draw(st.sampled_from(kinds))]
            for _ in range(n)]
@@ -347,7 +351,7 @@ def operations(draw: st.DrawFn, *, horizon: float, churn: bool) -> list[list[Any
 
 @st.composite
 def cases(draw: st.DrawFn, *, max_steps: int = 20, long_chain: int = 0,
-          horizon: float = 6.0, churn: bool = False) -> dict[str, Any]:
+          horizon: float = 6.0, churn: bool = False, restarts: bool = False) -> dict[str, Any]:
     """A case: steps mixing every kind, rollback or not, and a schedule of operations.
 
     ``long_chain`` adds a prefix of that many plain tool steps (up to 300 in the long
@@ -377,7 +381,7 @@ def cases(draw: st.DrawFn, *, max_steps: int = 20, long_chain: int = 0,
         s["id"] = f"s{i}"
     return {"steps": steps, "rollback": draw(st.sampled_from([True, True, True, False])),
             "retry_failed": draw(st.booleans()),
-            "ops": draw(operations(horizon=horizon, churn=churn)),
+            "ops": draw(operations(horizon=horizon, churn=churn, restarts=restarts)),
             "answer_delay": draw(st.sampled_from([0, 0, 1.0, 2.5])),
             "form": draw(st.sampled_from(["list", "list", "graph"])),
             "workers": draw(st.integers(1, 2)), "salt": draw(_ident)}

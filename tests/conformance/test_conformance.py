@@ -12,7 +12,9 @@ Budgets (environment; ``ops/conformance.sh`` sets them):
 - ``SIM_SEED`` Hypothesis's seed (default 38, so CI is deterministic);
 - ``SIM_MINUTES`` the long mode: cases until that many minutes pass per store, longer
   chains (up to 300 steps, past many snapshots) and worker churn;
-- ``SIM_STORE`` ``sqlite`` or ``postgres`` (default both);
+- ``SIM_STORE`` ``sqlite``, ``postgres`` or ``pgrestart`` (default: the first two, and in
+  the long mode also ``pgrestart``: a PostgreSQL cluster this module starts, which the
+  cases restart);
 - ``SIM_CASE`` a ``case.json`` a failure saved: replays that case exactly;
 - ``SIM_SHRINK`` ``0`` skips Hypothesis's shrinking (it reruns real processes);
 - ``SIM_STATS`` a file to which each case appends one JSON line (cases, operations,
@@ -28,6 +30,7 @@ import os
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,10 +46,29 @@ from tests.conformance.harness import Simulation
 from tests.conformance.invariants import check, describe
 
 EXAMPLES = int(os.environ.get("SIM_EXAMPLES", "2"))
-SEED = int(os.environ.get("SIM_SEED", "38"))
 MINUTES = float(os.environ.get("SIM_MINUTES", "0"))
-STORES = [s for s in ("sqlite", "postgres")
-          if os.environ.get("SIM_STORE", s) == s]
+SEED = int(os.environ.get("SIM_SEED", "38"))
+#: ``pgrestart``: PostgreSQL on a cluster this module starts, restarted by the cases
+#: (the long mode, when ``initdb`` is installed)
+STORES = [s for s in ("sqlite", "postgres", "pgrestart")
+          if os.environ.get("SIM_STORE", s if s != "pgrestart" or MINUTES else "") == s]
+_CLUSTER: Any = None
+
+
+def cluster() -> Any:
+    """The PostgreSQL cluster of this module's own (started once, destroyed at exit)."""
+    global _CLUSTER
+    if _CLUSTER is None:
+        import atexit
+
+        from tests.standins.pg_cluster import Cluster, pg_bin
+        if pg_bin() is None:
+            pytest.skip("no initdb: cannot start a cluster of our own to restart")
+        _CLUSTER = Cluster()
+        _CLUSTER.start()
+        atexit.register(_CLUSTER.destroy)
+    _CLUSTER.wait_ready()
+    return _CLUSTER
 FAILURES = Path(os.environ.get("SIM_FAILURES", tempfile.gettempdir())) / "saga-conformance"
 PHASES = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target] + (
     [Phase.shrink] if os.environ.get("SIM_SHRINK", "1") != "0" else [])
@@ -64,6 +86,10 @@ else:
 @contextmanager
 def fresh_store(store: str) -> Iterator[Settings]:
     """A store of its own for one case: a SQLite file, or a PostgreSQL schema."""
+    if store == "pgrestart":
+        yield Settings(database_url=cluster().url, schema=f"sim_{uuid.uuid4().hex[:10]}",
+                       actor="sim")
+        return
     if store == "postgres":
         from tests.conftest import postgres_store
         with postgres_store() as pg:
@@ -83,7 +109,8 @@ def simulate(case: dict[str, Any], store: str) -> None:
     where.mkdir(parents=True)
     with fresh_store(store) as settings:
         sim = Simulation(case, settings, where / "work",
-                         deadline=240.0 if MINUTES else 60.0)
+                         deadline=240.0 if MINUTES else 60.0,
+                         restart=cluster().restart if store == "pgrestart" else None)
         r = sim.cli("db", "init")
         assert r.returncode == 0, r.stderr
         trace = sim.run()
@@ -98,7 +125,8 @@ def simulate(case: dict[str, Any], store: str) -> None:
             f.write(json.dumps({"store": store, "steps": len(case["steps"]),
                                 "ops": len(trace.ops), "kills": len(trace.killed),
                                 "zombies": len(trace.stopped), "reads": trace.reads,
-                                "commands": trace.commands, "failed": bool(bad)}) + "\n")
+                                "commands": trace.commands, "restarts": trace.restarts,
+                                "failed": bool(bad)}) + "\n")
     if bad:
         saved = FAILURES / f"failed-{store}-{case['salt']}.json"
         saved.write_text(json.dumps(case | {"store": store}, indent=1))
@@ -134,7 +162,9 @@ def test_generated_cases_keep_every_promise(store: str) -> None:
             # is replayed with --case); the CI budget stops and shrinks instead
             found.append(str(e).split("\n", 1)[0] + f" (case salt {case['salt']})")
 
-    seed(SEED)(BUDGET(given(case=CASES)(one)))()
+    cases = model.cases(max_steps=30, long_chain=300, horizon=20.0, churn=True,
+                        restarts=store == "pgrestart") if MINUTES else CASES
+    seed(SEED)(BUDGET(given(case=cases)(one)))()
     assert not found, f"{len(found)} failing case(s), saved under {FAILURES}:\n" + \
         "\n".join(found)
 
