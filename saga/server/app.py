@@ -19,14 +19,22 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from fastapi import FastAPI, HTTPException, Request
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, HTMLResponse, Response
 from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from saga.config import Settings, load_settings
 from saga.errors import ConfigError, SagaError
 from saga.server import compositions, runs, streams
-from saga.server.service import Service, Tokens, error_response
+from saga.server.service import (
+    Service,
+    Tokens,
+    error_response,
+    http_error,
+    validation_response,
+)
 from saga.telemetry import metrics
 
 VIEWER = Path(__file__).resolve().parent / "viewer"
@@ -105,7 +113,7 @@ async def _deny(scope: Scope, receive: Receive, send: Send, status: int, detail:
     page = status == 401 and not scope["path"].startswith("/api") and "text/html" in accept
     response: Response = (
         HTMLResponse((VIEWER / "login.html").read_text(encoding="utf-8"), status)
-        if page else JSONResponse({"detail": detail}, status))
+        if page else http_error(status, detail))
     if status == 401:
         response.headers["WWW-Authenticate"] = "Bearer"
     await response(scope, receive, send)
@@ -139,6 +147,21 @@ def create_app(settings: Settings | None = None, *, tools: tuple[str, ...] = (),
         return error_response(e)
     app.add_exception_handler(SagaError, saga_error)
 
+    # FastAPI's own answers (an unknown path, a wrong method, a body that is not the
+    # model) in the one shape every error has: {error, detail}
+    async def http_exception(_: Request, e: Exception) -> Response:
+        assert isinstance(e, StarletteHTTPException)
+        answer = http_error(e.status_code, e.detail)
+        for name, value in (e.headers or {}).items():
+            answer.headers[name] = value
+        return answer
+    app.add_exception_handler(StarletteHTTPException, http_exception)
+
+    async def invalid_request(_: Request, e: Exception) -> Response:
+        assert isinstance(e, RequestValidationError)
+        return validation_response(e.errors())
+    app.add_exception_handler(RequestValidationError, invalid_request)
+
     app.include_router(runs.router)
     app.include_router(compositions.router)
     app.include_router(streams.router)
@@ -160,7 +183,7 @@ def _metrics_route(app: FastAPI, service: Service) -> None:
     @app.get("/metrics", include_in_schema=False)
     def metrics_page() -> Response:
         if exported is None:
-            return JSONResponse({"detail": missing}, 503)
+            return http_error(503, missing)
         body, content_type = exported.exposition()
         return Response(body, media_type=content_type)
 

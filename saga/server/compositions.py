@@ -38,7 +38,7 @@ from saga.composition.library import (
 from saga.domain import Run
 from saga.errors import DefinitionError, InputError, Problem, SagaError
 from saga.server.runs import service
-from saga.server.service import error_response
+from saga.server.service import error_response, named
 
 router = APIRouter(tags=["compositions (seeds 000 and 001)"])
 
@@ -175,6 +175,7 @@ def _composition(saga: Saga, body: CompositionRequest) -> dict[str, Any]:
         if problems:
             raise DefinitionError(problems, body.template_id)
         data = inner
+    data = named(data, body.template_id)
     options = body.options
     if options.max_concurrency is not None:
         data["max_concurrency"] = options.max_concurrency

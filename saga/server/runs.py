@@ -18,7 +18,7 @@ from saga.api import Saga
 from saga.composition import Plan, plan_of
 from saga.composition.library import find_template
 from saga.errors import InputError, Problem
-from saga.server.service import Service
+from saga.server.service import Service, log, named
 from saga.server.streams import run_event_stream, wants_stream
 from saga.store.partitions import parts_of
 
@@ -89,20 +89,26 @@ def load_plan(saga: Saga, composition: dict[str, Any] | None, template: str | No
     if template is not None:
         return saga.load(find_template(template, saga.settings))
     assert composition is not None
-    return saga.load(composition)
+    return saga.load(named(composition))
 
 
 @router.get("/health", tags=["service"])
 def health(request: Request) -> JSONResponse:
     """Whether the service can reach its store (no token needed)."""
     svc = service(request)
-    body = {"status": "ok", "store": svc.settings.store_description,
+    # Anyone may ask, so the answer names the kind of store, never where it is (a path
+    # on this host, a database's address): the operator's log says that.
+    body = {"status": "ok", "store": "postgresql" if svc.settings.is_postgres else "sqlite",
             "worker": svc.worker_alive, "version": request.app.version}
     try:
         # a partitioned store's logs each number their own: the sum says it is reachable
         body["position"] = sum(part.probe() for part in parts_of(svc.saga.app))
     except Exception as e:
-        body.update(status="unavailable", detail=" ".join(str(e).split())[:200])
+        said = " ".join(str(e).split())
+        log.warning("health: %s (%s)", said, svc.settings.store_description)
+        # the summary before the driver's own words, which may name a file or a host
+        body.update(status="unavailable", error=type(e).__name__,
+                    detail=said.split(": ")[0][:200])
         return JSONResponse(body, 503)
     return JSONResponse(body)
 

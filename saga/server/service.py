@@ -4,14 +4,17 @@ and how a saga error answers over HTTP."""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
+import json
 import logging
 import os
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import Request
@@ -140,6 +143,36 @@ class Service:
         if not _ACTOR.match(claimed):
             raise InputError([Problem("X-Saga-Actor", "letters, digits and ._@:+/- (1 to 100)")])
         return f"{self.tokens.name}:{claimed}"
+
+
+def http_error(status: int, detail: Any, **extra: Any) -> JSONResponse:
+    """Any other error answer in the same shape as a saga error's, ``{error, detail}``:
+    the status's name (``NotFound``, ``MethodNotAllowed``) and one line."""
+    try:
+        kind = HTTPStatus(status).phrase.replace(" ", "").replace("-", "")
+    except ValueError:
+        kind = "Error"
+    text = detail if isinstance(detail, str) else json.dumps(detail, default=str)
+    return JSONResponse({"error": kind, "detail": " ".join(text.split()), **extra}, status)
+
+
+def validation_response(errors: Sequence[Any]) -> JSONResponse:
+    """FastAPI's request validation error (a body that is not the model) as a saga
+    InputError answers: ``{error, detail, problems}``, each problem a path and a message."""
+    problems = [{"path": ".".join(str(p) for p in err.get("loc", ())),
+                 "message": str(err.get("msg", ""))} for err in errors]
+    detail = "invalid request: " + "; ".join(f"{p['path']}: {p['message']}" for p in problems)
+    return JSONResponse({"error": "InputError", "detail": detail, "problems": problems}, 422)
+
+
+def named(data: dict[str, Any], fallback: str | None = None) -> dict[str, Any]:
+    """A composition sent over HTTP without a ``name``, named as the CLI names a file by
+    its stem: after its template (``fallback``), else ``composition-`` and the first 8
+    hex digits of its content's hash, so the same composition gets the same name."""
+    if not isinstance(data, dict) or "name" in data or "nodes" in data:
+        return data
+    digest = hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+    return {"name": fallback or f"composition-{digest[:8]}", **data}
 
 
 def error_response(e: SagaError) -> JSONResponse:
