@@ -23,7 +23,7 @@ while [ $# -gt 0 ]; do
     --seed) export SIM_SEED="$2"; shift 2 ;;
     --store) export SIM_STORE="$2"; shift 2 ;;
     --examples) export SIM_EXAMPLES="$2"; shift 2 ;;
-    --case) export SIM_CASE="$(realpath "$2")"; shift 2 ;;
+    --case) SIM_CASE="$(realpath "$2")"; shift 2 ;;
     --no-shrink) export SIM_SHRINK=0; shift ;;
     *) args+=("$1"); shift ;;
   esac
@@ -33,6 +33,9 @@ if [ -z "${SIM_SEED:-}" ] && [ -n "${SIM_MINUTES:-}" ]; then
 fi
 echo "conformance: seed ${SIM_SEED:-38}, store ${SIM_STORE:-both}, minutes ${SIM_MINUTES:-0} (CI budget otherwise)" >&2
 export SIM_STATS=${SIM_STATS:-$(mktemp -t saga-conformance-stats.XXXXXX)}
+if [ -n "${SIM_CASE:-}" ]; then
+  exec python -m tests.conformance.runner "$SIM_CASE" ${SIM_STORE:+--store "$SIM_STORE"}
+fi
 status=0
 python -m pytest -p no:cacheprovider --timeout=0 -q tests/conformance "${args[@]}" || status=$?
 python - "$SIM_STATS" <<'PY'
