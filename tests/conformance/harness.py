@@ -297,6 +297,7 @@ class Simulation:
                         self.cli(choice, rid, step_id)
                 for step_id, s in spec.items():
                     if s["kind"] == "signal" and step_id not in signalled \
+                            and not s.get("never") \
                             and step_id in run.steps and answering:
                         signalled.add(step_id)
                         self.cli("signal", rid, f"go_{step_id}", "--data", '{"late": true}')

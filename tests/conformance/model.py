@@ -119,6 +119,11 @@ def expect(case: dict[str, Any], *, cancelled: bool = False, interrupted: set[st
     interrupted = interrupted or set()
     if cancelled:
         return Expected({"cancelled"})
+    if case.get("timeout"):
+        # its last step waits for a signal nobody sends: the run's deadline ends it,
+        # undoing what it did (or failing when there was nothing to undo), unless a
+        # failure ended it first; which steps had run by then is timing's
+        return Expected({"compensated", "failed"})
     steps: dict[str, set[str]] = {}
     completed: list[str] = []
     failed = False
@@ -287,6 +292,8 @@ def composition(case: dict[str, Any], where: Path) -> dict[str, Any]:
                            "error_handling": {"rollback_on_failure": case["rollback"]}}
     if confirmations:
         out["confirmations"] = confirmations
+    if case.get("timeout"):
+        out["timeout"] = case["timeout"]
     return out
 
 
@@ -377,9 +384,13 @@ def cases(draw: st.DrawFn, *, max_steps: int = 20, long_chain: int = 0,
         for m in members:
             m["group"] = "g"
         steps[at:at] = members
+    timeout = draw(st.sampled_from([None] * 7 + [3.0]))
+    if timeout:  # a run timeout, and a last step only the timeout can end
+        steps.append({"kind": "signal", "early": False, "never": True})
     for i, s in enumerate(steps):
         s["id"] = f"s{i}"
-    return {"steps": steps, "rollback": draw(st.sampled_from([True, True, True, False])),
+    return {"steps": steps, "timeout": timeout,
+            "rollback": draw(st.sampled_from([True, True, True, False])),
             "retry_failed": draw(st.booleans()),
             "ops": draw(operations(horizon=horizon, churn=churn, restarts=restarts)),
             "answer_delay": draw(st.sampled_from([0, 0, 1.0, 2.5])),
@@ -431,6 +442,11 @@ TARGETED: dict[str, dict[str, Any]] = {
                    [[0.3, "churn"], [2.0, "churn"], [4.0, "churn"]], 106, workers=2),
     # a new break: a cancel while a call is in flight in a live worker
     "cancel_in_flight": _case([_a("s0"), _a("s1", slow=1.0)], [[0.5, "cancel"]], 108),
+    # a run timeout while a child sleeps: the run is undone, and so is the child
+    "timeout_child": _case([_a("s0"), {"id": "s1", "kind": "use", "child_steps": 1,
+                                       "child_sleep": 6, "child_fails": False},
+                            {"id": "s2", "kind": "signal", "early": False, "never": True}],
+                           [[0.5, "read"]], 110, timeout=2.5),
     # the graph form: a chain of task nodes, the last failing, compensated in reverse
     "graph_undo": _case([_a("s0"), _a("s1", undo="none"), _a("s2", undo="own"), _a("s3"),
                          _a("s4", fail_times=9)], [[0.3, "kill"], [0.8, "read"]], 109,
