@@ -199,6 +199,10 @@ def _hint(trace: Trace) -> str:
         said.append("break 7: a stopped worker past its lease")
     if ops & {"kill", "churn"}:
         said.append("break 6: worker churn")
+    if "cancel" in ops:
+        said.append("new: saga cancel took the run over from its live worker")
+    if "resume" in ops:
+        said.append("saga resume drove the run beside a live worker")
     return f" ({'; or '.join(said)})" if said else " (a new break)"
 
 
