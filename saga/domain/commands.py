@@ -156,9 +156,10 @@ class RunCommands:
         """Record which events retention rewrites, and the hash each will have."""
         self.trigger_event(self.RetentionApplied, versions=versions, actor="retention")
 
-    def take_over(self, worker: str | None) -> None:
-        """Record that ``worker`` takes the run over from a worker that died."""
-        self.trigger_event(self.RunTakenOver, worker=worker)
+    def take_over(self, worker: str | None, seen: dict[str, Any] | None = None) -> None:
+        """Record that ``worker`` takes the run over from a worker that died (``seen``:
+        what it saw of the lease it took; see ``Run.RunTakenOver``)."""
+        self.trigger_event(self.RunTakenOver, worker=worker, seen=seen)
 
     def pause(self, actor: str, reason: str | None = None) -> None:
         """Record that no new step may start."""

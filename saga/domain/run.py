@@ -59,6 +59,7 @@ class Run(RunCommands, StepStates, Aggregate):
     #: Defaults for state added since runs were first recorded (an older snapshot lacks it).
     paused = False
     takeovers = 0  # attempts a dead worker left behind, over the run's life
+    suspect = False  # taken over since a step last completed: driven alone
     timed_out: str | None = None
 
     class Event(Aggregate.Event):
@@ -254,6 +255,8 @@ class Run(RunCommands, StepStates, Aggregate):
             s = aggregate._step(self.step_id, self.iteration)
             s.update(status="completed", output=self.output, finished_at=iso(self.timestamp),
                      error=None, retry_at=None)
+            if aggregate.suspect:
+                aggregate.suspect = False  # it moves on: driven beside others again
             if self.cache is not None:
                 s["cache"] = self.cache
             # The attempt's own duration, as measured around the call (never the time the
@@ -416,14 +419,19 @@ class Run(RunCommands, StepStates, Aggregate):
 
     class RunTakenOver(Event):
         """A worker took the run over from one that died with attempts in hand (they are
-        recorded as interrupted right after): counted, so a run that keeps killing its
-        workers is quarantined."""
+        recorded as interrupted right after). ``seen``: what the taker saw of the lease
+        it took, ``{"worker", "expired_at", "renewed_at"}`` (ISO; ``renewed_at``: the
+        dead worker's last renewal, the last sign of life it left), or null. Each
+        attempt in flight counts an interruption, blamed on it or not (see
+        :meth:`~saga.domain.steps.StepStates._interrupt`)."""
 
         TOPIC = "saga.RunTakenOver"
         worker: str | None
+        seen: dict[str, Any] | None = None
 
         def apply(self, aggregate: Any) -> None:
             aggregate.takeovers = aggregate.takeovers + 1
+            aggregate._interrupt(self.seen or {})
 
     class RunPaused(Event):
         """Someone paused the run: no new step starts; attempts in flight finish."""

@@ -10,6 +10,7 @@ every step of a long run.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from saga.domain.vocabulary import StepState, step_key
@@ -25,6 +26,7 @@ class StepStates:
     """Reading and creating a run's step executions, and their derived indexes."""
 
     steps: dict[str, StepState]
+    suspect: bool  # see Run.suspect
 
     def step(self, key: str) -> StepState:
         """The state of one step execution (status ``pending`` if nothing happened yet)."""
@@ -87,6 +89,26 @@ class StepStates:
             elif key not in index:  # open again (a retry): rare, so rebuilt in steps order
                 del self.__dict__["_unsettled"]
                 return
+
+    def _interrupt(self, seen: dict[str, Any]) -> None:
+        """A worker took the run over (``seen``: see ``Run.RunTakenOver``): each attempt in
+        flight counts one interruption of its step execution, and counts against it
+        (``blamed``) only when the attempt likely caused the death: the run was a suspect
+        already (taken over before, with no step completed since, so its worker drove it
+        alone), and the worker that started the attempt never renewed its lease after
+        (it died at once). A worker killed for another reason (another run's, an
+        operator's) most likely lived on past a renewal, or drove other runs beside it."""
+        renewed = seen.get("renewed_at")
+        for state in self.unsettled.values():
+            if state["status"] != "running" or state.get("wait"):
+                continue
+            state["interrupted"] = state.get("interrupted", 0) + 1
+            started = state.get("attempt_started_at")
+            if self.suspect and renewed is not None and started is not None \
+                    and seen.get("worker") == state.get("worker") \
+                    and datetime.fromisoformat(renewed) <= datetime.fromisoformat(started):
+                state["blamed"] = state.get("blamed", 0) + 1
+        self.suspect = True
 
     @property
     def waits(self) -> dict[str, dict[str, Any]]:

@@ -73,6 +73,8 @@ class StepState(TypedDict, total=False):
     wait: dict[str, Any] | None  # a timer or a signal the step waits for
     retryable: bool
     compensation_error: dict[str, Any] | None
+    interrupted: int  # attempts a worker's death cut short (see Run.RunTakenOver)
+    blamed: int  # of those, the deaths the attempt itself likely caused
 
 
 class RunState(TypedDict, total=False):

@@ -8,10 +8,11 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from saga import expressions, secrets
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 else:
     tenacity = lazy("tenacity")  # only a retry's wait needs it
 
+log = logging.getLogger("saga.executor")
 _DEFAULT_RETRY = RetryPolicy()
 _Task = TypeVar("_Task", bound="asyncio.Future[Any]")
 
@@ -200,3 +202,21 @@ def tool_label(step: Step) -> str:
         if getattr(step, kind) is not None:
             return kind
     return "unknown"
+
+
+def lease_seen(lease: Any, run_id: str) -> dict[str, Any] | None:
+    """What a lease just taken over shows of the worker it was taken from: who, when its
+    lease expired, and so when it last renewed it (a fleet shares its lease length; see
+    ``Run.RunTakenOver``); None when it was free, or no lease is held."""
+    previous = getattr(lease, "previous", None)
+    try:
+        found = previous() if previous is not None else None
+    except Exception as e:  # a fact missing blames nobody
+        log.warning("run %s: could not read its lease's last holder: %s", run_id, e)
+        return None
+    if found is None:
+        return None
+    worker, expired = found
+    renewed = expired - float(getattr(lease, "seconds", 0.0))
+    return {"worker": worker, "expired_at": datetime.fromtimestamp(expired, UTC).isoformat(),
+            "renewed_at": datetime.fromtimestamp(renewed, UTC).isoformat()}

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -58,6 +59,8 @@ class LeaseLike(Protocol):
         ...
 
 EventHook = Callable[[Run, list[Any]], None]
+#: Seconds after a suspect run's call starts when its lease is renewed (see _launch).
+ALIVE_AFTER = 0.05
 #: A drive's span outcome when the drive itself stops short, by exception.
 _CUT_SHORT = {"LeaseLostError": "lease_lost", "ConcurrentWriteError": "conflict",
               "CancelledError": "interrupted", "KeyboardInterrupt": "interrupted"}
@@ -89,6 +92,7 @@ class Drive:
         self.children: set[str] = set()
         self.nests = any(step.use is not None for step in plan.definition.steps)
         self.wakeup = calls.Wakeup()  # the loop's wait for its tasks
+        self.alive: asyncio.Task[None] | None = None  # a suspect's renewal after a call
         #: Set when the drive is to drain (see the class docs); a child run's has none.
         self.stopping = executor.stopping if lease is not None else None
 
@@ -111,7 +115,8 @@ class Drive:
         # Whoever drives a run now is its only driver (it holds the lease), so any attempt
         # still marked running was started by a worker that died.
         if scheduler.interrupted(self.plan, self.run):
-            self.run.take_over(self.x.worker)  # counted first: quarantine reads the count
+            # counted first (quarantine reads it), with what the lease shows of the dead
+            self.run.take_over(self.x.worker, calls.lease_seen(self.lease, self.run.run_id))
             for action in scheduler.interrupted(self.plan, self.run):
                 self._apply(action)
         watch = self.wakeup.watch
@@ -129,7 +134,7 @@ class Drive:
                 await self._hold_lease()
             raise
         finally:
-            for task in [*self.tasks, keeper, stop]:
+            for task in [*self.tasks, keeper, stop, self.alive]:
                 if task is not None:
                     task.cancel()
             if keeper is not None and keeper.done() and not keeper.cancelled():
@@ -196,6 +201,15 @@ class Drive:
             await asyncio.sleep(self.lease.renew_every)
             if not await asyncio.get_running_loop().run_in_executor(None, self.lease.renew):
                 raise LeaseLostError(self.run.run_id)
+
+    async def _renew_soon(self) -> None:
+        """A suspect run's lease renewed ALIVE_AFTER a call starts: a sign of life that
+        keeps a later death of this worker from being blamed on the call (RunTakenOver);
+        a failure is the keeper's to find."""
+        assert self.lease is not None
+        await asyncio.sleep(ALIVE_AFTER)
+        with contextlib.suppress(Exception):
+            await asyncio.get_running_loop().run_in_executor(None, self.lease.renew)
 
     # -- deciding and recording --------------------------------------------------------
 
@@ -450,6 +464,8 @@ class Drive:
             coro = self._observed("saga.step", payload, payload.attempt,
                                   self._call_step(payload))
             ident = (kind, payload.step_id, payload.iteration, payload.attempt)
+            if self.run.suspect and self.lease is not None:
+                self.alive = asyncio.ensure_future(self._renew_soon())
         elif kind == "remedy":
             coro = self._call_remedy(payload)
             ident = (kind, payload.step_id, payload.iteration, payload.index)

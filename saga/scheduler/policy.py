@@ -109,11 +109,30 @@ def heal_decision(plan: Plan, run: Run, step_id: str, iteration: int, error_type
 
 
 def compensation_order(plan: Plan, run: Run) -> list[str]:
-    """Completed steps (each completed loop iteration on its own) that declare a
-    compensation, most recently completed first."""
-    return [key for key in reversed(run.completion_order)
-            if plan.step(run.steps[key]["step_id"]).compensation is not None
-            and not is_loop_parent(plan, run.steps[key])]
+    """The steps to undo, in order: first those whose interrupted attempt may have acted
+    (:func:`maybe_done`), then completed steps (each completed loop iteration on its
+    own) that declare a compensation, most recently completed first."""
+    maybe = [key for key, state in run.steps.items() if maybe_done(plan, state)] \
+        if run.takeovers else []
+    return [*maybe, *(key for key in reversed(run.completion_order)
+                      if plan.step(run.steps[key]["step_id"]).compensation is not None
+                      and not is_loop_parent(plan, run.steps[key]))]
+
+
+#: The failures of an attempt its worker's death cut short (see :func:`interrupted`).
+CUT_SHORT = frozenset({"Interrupted", "Quarantined"})
+
+
+def maybe_done(plan: Plan, state: StepState | dict[str, Any]) -> bool:
+    """A step execution with an undo whose last attempt was cut short by its worker's
+    death (failed for good, or waiting for a retry): that attempt may have acted, so it
+    counts as done for undo (DESIGN promise 5); its undo gets the step's idempotency key.
+    One whose later attempt, under the same key, came back with a recorded answer is not:
+    that answer is the tool's for the key (a tool that deduplicates gives it for every
+    call with the key)."""
+    return state["status"] == "failed" and (state.get("error") or {}).get("type") \
+        in CUT_SHORT and not is_loop_parent(plan, state) \
+        and plan.step(state["step_id"]).compensation is not None
 
 
 def interrupted(plan: Plan, run: Run) -> list[FailStep]:
@@ -121,35 +140,53 @@ def interrupted(plan: Plan, run: Run) -> list[FailStep]:
 
     Called when a worker takes a run over (after it recorded ``RunTakenOver``): every
     step still ``running`` was interrupted.
-    An idempotent step, or one with ``on_interrupt: retry`` (the default), runs again at
-    once with the same idempotency key while it has attempts left: an interrupted attempt
-    counts, so a tool that kills its worker stops after the step's ``max_attempts`` (or
+    Only deaths the run's own attempt likely caused count against it: a step's
+    ``blamed`` interruptions (see ``Run.RunTakenOver``), not those of a worker that died
+    for another reason while the run was in it. An idempotent step, or one with
+    ``on_interrupt: retry`` (the default), runs again at once with the same idempotency
+    key until its blamed interruptions reach the step's ``max_attempts`` (or
     :data:`INTERRUPT_ATTEMPTS` when the step sets no retry policy). ``fail`` and
-    ``compensate`` fail it for good (the latter also undoing the step itself, since its
-    effect may have happened).
+    ``compensate`` fail it for good. A step that ends failed after an interruption is
+    undone, since its effect may have happened (:func:`maybe_done`).
+
+    The run is quarantined (every attempt in flight fails with ``Quarantined``, and the
+    run is undone) once one step has ``quarantine_after`` blamed interruptions, or, as a
+    safety net for a run whose deaths are never blamed on it (a tool that kills its
+    worker only after a while), :data:`QUARANTINE_NET` times as many of any kind.
     """
     actions: list[FailStep] = []
     left = [s for s in run.steps.values() if s["status"] == "running"
             and not is_loop_parent(plan, s) and not s.get("wait")]  # a wait outlives workers
-    if left and run.takeovers >= int(run.options.get("quarantine_after", QUARANTINE_AFTER)):
+    limit = int(run.options.get("quarantine_after", QUARANTINE_AFTER))
+    worst = max(left, key=lambda s: (s.get("blamed", 0), s.get("interrupted", 0)),
+                default=None)
+    if worst is not None and (worst.get("blamed", 0) >= limit or max(
+            s.get("interrupted", 0) for s in left) >= QUARANTINE_NET * limit):
         # Workers keep dying under this run: stop feeding it workers, whatever step.
         return [FailStep(s["step_id"], s["iteration"], s["attempt"], "Quarantined",
                          f"quarantined: the workers driving this run died "
-                         f"{run.takeovers} times") for s in left]
+                         f"{run.takeovers} times ({worst.get('blamed', 0)} at once after "
+                         f"starting {worst['step_id']!r})") for s in left]
     for state in left:
         step = plan.step(state["step_id"])
         again = (step.idempotent or step.on_interrupt == "retry") \
-            and state["attempt"] < interrupt_attempts(plan, step)
+            and state.get("blamed", 0) < interrupt_attempts(plan, step)
         actions.append(FailStep(state["step_id"], state["iteration"], state["attempt"],
                                 "Interrupted", "the worker running this attempt stopped",
                                 retry_at=state["attempt_started_at"] if again else None))
     return actions
 
 
-#: Takeovers (a worker died with an attempt of the run in hand) after which the run is
-#: quarantined: failed with ``Quarantined`` and undone, so one poison run cannot take
-#: worker after worker down.
+#: Blamed interruptions of one step (its worker died at once after starting it, while
+#: driving the run alone; see ``Run.RunTakenOver``) after which the run is quarantined:
+#: failed with ``Quarantined`` and undone, so one poison run cannot take worker after
+#: worker down. Configured per run as ``quarantine_after``.
 QUARANTINE_AFTER = 3
+
+#: The safety net: a step interrupted this many times ``quarantine_after`` quarantines its
+#: run whoever is to blame (workers dying at random die during one step this often only
+#: when they die far more often than the step takes).
+QUARANTINE_NET = 3
 
 
 #: Attempts a step without a retry policy gets when its worker keeps dying under it.
@@ -207,10 +244,8 @@ def next_compensation(plan: Plan, run: Run, names: dict[str, Any]) -> Compensate
     assert comp is not None
     # An attempt cut short after the compensation order was fixed (its driver lost the
     # race to a cancel) may have had its effect: undo it too, after the others.
-    maybe_done = [k for k, s in run.steps.items() if k not in comp["steps"]
-                  and s["status"] == "failed" and (s.get("error") or {}).get("type")
-                  == "Interrupted" and plan.step(s["step_id"]).compensation is not None]
-    for key in [*comp["steps"], *maybe_done]:
+    late = [k for k, s in run.steps.items() if k not in comp["steps"] and maybe_done(plan, s)]
+    for key in [*comp["steps"], *late]:
         if key in comp["done"]:
             continue
         state = run.steps[key]
@@ -240,6 +275,11 @@ def compensation_ending(run: Run, failed: str | None, outputs: Any) -> FinishRun
     ``failed`` is the key of the step whose failure started the rollback, if any."""
     comp = run.compensation
     assert comp is not None
+    if failed is None and not comp.get("requested") and not run.timed_out:
+        # The step whose failure started it may be undone itself now (an interrupted
+        # attempt may have acted): its error is still the run's.
+        failed = next((k for k in comp["steps"] if (run.steps[k].get("error") or {})
+                       .get("type") in CUT_SHORT), None)
     error = dict(run.step(failed).get("error") or {}, step=failed) if failed \
         else {"message": comp["reason"]}
     broken = [k for k, v in comp["done"].items() if v == "failed"]

@@ -30,6 +30,7 @@ from saga.scheduler.actions import (
     StartStep,
 )
 from saga.scheduler.policy import (
+    CUT_SHORT,
     compensation_ending,
     compensation_order,
     is_loop_parent,
@@ -417,8 +418,10 @@ def _after_failure(view: _View, failed_step: str) -> list[Action]:
     rollback = (handling.rollback_on_failure or handling.failure_strategy == "rollback"
                 or step.on_error == "compensate" or maybe_done)
     to_undo = compensation_order(view.plan, view.run) if rollback else []
-    if maybe_done and step.compensation is not None:
-        # The interrupted attempt may have had its effect: undo it first, at least once.
+    interrupted = error.get("type") in CUT_SHORT  # a dead worker's attempt may have acted
+    if interrupted and step.compensation is not None \
+            and step_key(failed_step) not in to_undo:
+        # An interrupted attempt may have had its effect: undo it first, at least once.
         to_undo.insert(0, step_key(failed_step))
     reason = f"step {failed_step!r} failed: {error.get('message', '')}"
     if to_undo:

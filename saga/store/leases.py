@@ -45,7 +45,7 @@ _ENDING_TOPICS = sorted(TOPIC_PREFIX + name for name in ENDINGS)
 
 LEASE_DDL = ("""CREATE TABLE IF NOT EXISTS saga_leases (
     run_id TEXT PRIMARY KEY, worker TEXT NOT NULL, expires_at DOUBLE PRECISION NOT NULL,
-    queue TEXT)""",
+    queue TEXT, prev_worker TEXT, prev_expires DOUBLE PRECISION)""",
              """CREATE TABLE IF NOT EXISTS saga_queue_starts (
     queue TEXT NOT NULL, started_at DOUBLE PRECISION NOT NULL)""",
              """CREATE INDEX IF NOT EXISTS saga_queue_starts_by_queue
@@ -54,8 +54,15 @@ LEASE_DDL = ("""CREATE TABLE IF NOT EXISTS saga_leases (
 
 #: When a claim takes a lease: nobody holds it, its holder's has expired, or it is ours
 #: already (``{now}``: the parameter of the time now). Every claim is this upsert.
+#: A claim taking the lease from another worker keeps that worker and its lease's expiry
+#: (``prev_worker``, ``prev_expires``): its last renewal is the last sign of life a dead
+#: worker left, which a takeover records (see :meth:`Leases.previous`).
 _TAKE = ("ON CONFLICT (run_id) DO UPDATE SET worker = excluded.worker, "
-         "expires_at = excluded.expires_at, queue = excluded.queue "
+         "expires_at = excluded.expires_at, queue = excluded.queue, "
+         "prev_worker = CASE WHEN saga_leases.worker = excluded.worker "
+         "THEN saga_leases.prev_worker ELSE saga_leases.worker END, "
+         "prev_expires = CASE WHEN saga_leases.worker = excluded.worker "
+         "THEN saga_leases.prev_expires ELSE saga_leases.expires_at END "
          "WHERE saga_leases.expires_at < {now} OR saga_leases.worker = excluded.worker")
 
 
@@ -145,7 +152,9 @@ class Leases:
         self.db = db
         self.clock = clock
         # "queue": a column a table from before queues lacks
-        db.create(LEASE_DDL[:1], {"saga_leases": {"queue": "TEXT"}}, LEASE_DDL[1:])
+        db.create(LEASE_DDL[:1], {"saga_leases": {"queue": "TEXT", "prev_worker": "TEXT",
+                                                  "prev_expires": "DOUBLE PRECISION"}},
+                  LEASE_DDL[1:])
 
     def claim(self, run_id: str, worker: str, seconds: float,
               queue: str | None = None) -> bool:
@@ -266,6 +275,15 @@ class Leases:
                              (run_id,))
         return (rows[0]["worker"], rows[0]["expires_at"]) if rows else None
 
+    def previous(self, run_id: str, worker: str) -> tuple[str, float] | None:
+        """The worker ``worker`` took this run's lease from, and that lease's expiry
+        (POSIX time), while ``worker`` holds it; None if it was free when taken."""
+        rows = self.db.query("SELECT prev_worker, prev_expires FROM saga_leases "
+                             "WHERE run_id = ? AND worker = ?", (run_id, worker))
+        if not rows or rows[0]["prev_worker"] is None or rows[0]["prev_expires"] is None:
+            return None
+        return rows[0]["prev_worker"], float(rows[0]["prev_expires"])
+
     def lease(self, run_id: str, worker: str, seconds: float) -> Lease:
         """A lease handle for the executor."""
         return Lease(self, run_id, worker, seconds)
@@ -322,6 +340,11 @@ class Lease:
         if self.claim is not None:
             return True  # not claimed yet: the first append claims it for a whole length
         return self.leases.renew(self.run_id, self.worker, self.seconds)
+
+    def previous(self) -> tuple[str, float] | None:
+        """The worker this lease was taken from, and when its lease expired (POSIX
+        time); None if the lease was free when taken (see :meth:`Leases.previous`)."""
+        return self.leases.previous(self.run_id, self.worker)
 
     def ending(self) -> LeaseRelease | None:
         """The release the append that ends the run is to make, if the store can and the

@@ -322,14 +322,14 @@ class Worker:
         read yet (it follows the log at most every FOLLOW_EVERY): a run other workers
         died under is driven alone, so each such run claimed beside others is given up
         at once, and the next look (which knows it now) claims it alone."""
-        found = [r for r in claimed if r in runs and runs[r].takeovers > 0
+        found = [r for r in claimed if r in runs and runs[r].suspect
                  and not self._suspect(r)]
         if not found:
             return claimed
         for run_id in found:
             followed = self.index.runs.get(run_id)
             if followed is not None:
-                followed.takeovers = runs[run_id].takeovers
+                followed.takeovers = max(followed.takeovers, 1)
         if len(claimed) == 1 and not active:
             return claimed  # alone anyway
         self.leases.release_many(found, self.worker_id)

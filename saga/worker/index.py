@@ -44,7 +44,9 @@ class _Followed:
     retries: dict[str, str] = field(default_factory=dict)  # step key -> next retry time
     nudged: bool = True  # something happened that a driver should look at
     deadline: str | None = None  # when the run times out, if it has a timeout
-    takeovers: int = 0  # attempts of it a dead worker left behind: a suspect if above 0
+    #: Takeovers since a step of it last completed: a suspect, driven alone, if above 0
+    #: (as ``Run.suspect``).
+    takeovers: int = 0
     queue: str = DEFAULT_QUEUE
     priority: int = 0
     started: float = 0.0  # when it was started (POSIX time): older runs are claimed first
@@ -122,6 +124,8 @@ class RunIndex:
     def _apply(self, run_id: str, topic: str, state: bytes, version: int = 0) -> None:
         kind = event_name(topic)
         followed = self.runs.get(run_id)
+        if kind == "StepCompleted" and followed is not None and followed.takeovers:
+            followed.takeovers = 0  # it moves on: no longer a suspect (Run.suspect)
         if kind in _MOVES and followed is not None and followed.seen \
                 and not (followed.waits or followed.retries) and followed.status != "waiting":
             # A step moving in a run that waits for nothing leaves it where it is: most of
