@@ -46,6 +46,10 @@ class LeaseLike(Protocol):
         """Extend the lease; False when another worker holds it now."""
         ...
 
+    def fresh(self, margin: float) -> bool:
+        """Whether it is surely held ``margin`` seconds more, by this process's clock."""
+        ...
+
     def take_claim(self) -> Any:
         """The claim the run's next append is to make (once), or None if it is held."""
         ...
@@ -151,6 +155,9 @@ class Drive:
                 await nesting.end_children(self.x, self.plan, self.run, self.children,
                                            [i for i in self.tasks.values() if i[0] == "step"])
             await self._save()
+            if launches and self.lease is not None \
+                    and not self.lease.fresh(self.lease.renew_every):
+                await self._fence()  # a start recorded, never called: interrupted
             for launch in launches:
                 self._launch(*launch)
             if draining:
@@ -201,6 +208,14 @@ class Drive:
             await asyncio.sleep(self.lease.renew_every)
             if not await asyncio.get_running_loop().run_in_executor(None, self.lease.renew):
                 raise LeaseLostError(self.run.run_id)
+
+    async def _fence(self) -> None:
+        """Before calls start (DESIGN promise 8), a lease not surely held by this
+        process's clock (a paused worker's, one whose renewals fall behind) is renewed;
+        one another worker took raises LeaseLostError, and nothing starts."""
+        assert self.lease is not None
+        if not await asyncio.get_running_loop().run_in_executor(None, self.lease.renew):
+            raise LeaseLostError(self.run.run_id)
 
     async def _renew_soon(self) -> None:
         """A suspect run's lease renewed ALIVE_AFTER a call starts: a sign of life that
@@ -485,6 +500,7 @@ class Drive:
             "saga.run_id": self.run.run_id, "saga.definition": self.run.name,
             "saga.step_id": action.step_id, "saga.iteration": action.iteration,
             "saga.attempt": attempt, "saga.tool": tool})
+        began = time.perf_counter()  # the recorded duration_ms is whole milliseconds
         with scope.scoped(step_id=action.step_id, iteration=action.iteration,
                           attempt=attempt, span=span):
             try:
@@ -499,7 +515,7 @@ class Drive:
                  retryable=None if outcome.ok else outcome.retryable,
                  cache_hit=True if outcome.cache else None)
         if name == "saga.step" and not outcome.cache:
-            metrics.step_duration(tool, done, outcome.duration_ms / 1000)
+            metrics.step_duration(tool, done, time.perf_counter() - began)
         self.wakeup.wake()  # this task ends with the return: no turn waits for it
         return outcome
 

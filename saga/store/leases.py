@@ -324,6 +324,9 @@ class Lease:
     claim: LeaseClaim | None = None
     appends: bool = False
     released: bool = False
+    #: When the lease expires at the earliest, by this process's clock (POSIX time): the
+    #: start of its last claim or renewal plus its length; 0 when not known.
+    expires: float = 0.0
 
     @property
     def renew_every(self) -> float:
@@ -333,13 +336,25 @@ class Lease:
     def take_claim(self) -> LeaseClaim | None:
         """The claim the next append is to make (once), if it is still to be made."""
         claim, self.claim = self.claim, None
+        if claim is not None:
+            self.expires = claim.expires_at
         return claim
 
     def renew(self) -> bool:
         """Extend the lease; False when another worker holds it now."""
         if self.claim is not None:
             return True  # not claimed yet: the first append claims it for a whole length
-        return self.leases.renew(self.run_id, self.worker, self.seconds)
+        started = self.leases.clock()
+        if not self.leases.renew(self.run_id, self.worker, self.seconds):
+            return False
+        self.expires = started + self.seconds
+        return True
+
+    def fresh(self, margin: float) -> bool:
+        """Whether the lease is surely held for ``margin`` seconds more, by this
+        process's clock alone (no round trip): renewed recently enough, or still to be
+        claimed by the run's first append."""
+        return self.claim is not None or self.leases.clock() < self.expires - margin
 
     def previous(self) -> tuple[str, float] | None:
         """The worker this lease was taken from, and when its lease expired (POSIX
@@ -390,9 +405,13 @@ def wait_for_lease(leases: Leases, run_id: str, worker: str, seconds: float,
         return Lease(leases, run_id, worker, seconds,
                      LeaseClaim(run_id, worker, now + seconds, queue, now), appends=True)
     deadline = time.monotonic() + wait
-    while not leases.claim(run_id, worker, seconds, queue):
+    while True:
+        claimed_at = leases.clock()  # the claim's own time is no earlier
+        if leases.claim(run_id, worker, seconds, queue):
+            break
         if time.monotonic() >= deadline:
             held = leases.holder(run_id)
             raise LeaseHeldError(run_id, held[0] if held else "unknown")
         time.sleep(0.1)
-    return Lease(leases, run_id, worker, seconds, appends=appends)
+    return Lease(leases, run_id, worker, seconds, appends=appends,
+                 expires=claimed_at + seconds)

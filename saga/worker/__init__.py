@@ -107,6 +107,9 @@ class Worker:
         self._parked: deque[str] = deque()
         #: The runs a look claimed, read together in its thread, taken by their drives.
         self._loaded: dict[str, Run] = {}
+        #: When the look that claimed each run began (POSIX time, the leases' clock): its
+        #: lease is held until that time plus its length at least (see Drive._fence).
+        self._claimed_at: dict[str, float] = {}
         self._appends = app.claims_with_append()  # its leases ride on its appends
         self._followed = float("-inf")  # when a look last read the log (monotonic)
         #: Whether any queue limits its drives or starts (its runs are claimed apart).
@@ -226,6 +229,7 @@ class Worker:
             self.index.park(self._parked.popleft())
         active = set(driving)  # and those claimed in this look
         started: list[str] = []
+        claimed_at = self.leases.clock()  # no claim of this look is earlier
         read: set[str] = set()  # of those started, the runs their claim read
         held: dict[str, Claim] = {}
         lost_all = False
@@ -241,6 +245,8 @@ class Worker:
                 lost_all = self._claim_rounds(active, started, read, held, follow)
                 if started:
                     break
+        for run_id in started:
+            self._claimed_at[run_id] = claimed_at
         unread = [r for r in started if r not in read]
         if unread:
             self._load(unread)
@@ -411,6 +417,7 @@ class Worker:
     async def _drive(self, run_id: str) -> None:
         lease = self.leases.lease(run_id, self.worker_id, self.lease_seconds)
         lease.appends = self._appends  # the append that ends the run may give it up
+        lease.expires = self._claimed_at.pop(run_id, 0.0) + self.lease_seconds
         loop = asyncio.get_running_loop()
         try:
             run = self._loaded.pop(run_id, None)
