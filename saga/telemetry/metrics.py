@@ -38,8 +38,9 @@ log = logging.getLogger("saga.telemetry")
 
 _ENDINGS = {"RunCompleted": "completed", "RunFailed": "failed",
             "RunCompensated": "compensated", "RunCancelled": "cancelled"}
-_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-            120.0, 300.0, 600.0, math.inf)
+#: Seconds: from a fraction of a millisecond (an echo, a compute step) to ten minutes.
+_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+            0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, math.inf)
 
 
 class Metrics:

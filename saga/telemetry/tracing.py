@@ -181,6 +181,10 @@ def start_run(run_id: str, definition: str, context: Mapping[str, Any], fallback
         _FORCED.reset(token)
 
 
+#: Seconds one export of spans may take, retries included (see :func:`_otlp`).
+EXPORT_TIMEOUT = 1.0
+
+
 def _build(names: list[str]) -> Any:
     """A tracer exporting to ``names``, or None (no exporter, or no otel extra)."""
     if not names:
@@ -233,4 +237,9 @@ def _otlp() -> Any:
                     "http/protobuf only", protocol)
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    return OTLPSpanExporter()
+    # The exporter's own default (10 s, retried with backoff) made every CLI command wait
+    # 8 s at exit while the collector was down; a span export never holds a command up
+    # longer than EXPORT_TIMEOUT unless the OTEL_ timeout variables say otherwise.
+    given = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT") or \
+        os.environ.get("OTEL_EXPORTER_OTLP_TIMEOUT")
+    return OTLPSpanExporter(timeout=None if given else EXPORT_TIMEOUT)
