@@ -17,6 +17,7 @@ from saga.cli.app import (
     note,
     tools_option,
 )
+from saga.cli.render import _ago
 from saga.cli.runs import _parse_inputs
 from saga.telemetry import metrics
 
@@ -229,10 +230,10 @@ def schedule_list(as_json: bool) -> None:
     if not rows:
         click.echo("no schedules")
         return
-    click.echo(f"{'NAME':<20} {'WHEN':<22} {'NEXT':<34} STATE")
+    click.echo(f"{'NAME':<20} {'WHEN':<22} {'NEXT':<10} STATE")
     for r in rows:
         when = r["cron"] or f"every {r['every_seconds']:g}s"
-        click.echo(f"{r['name']:<20} {when:<22} {r['next_due']:<34} "
+        click.echo(f"{r['name']:<20} {when:<22} {_ago(r['next_due']):<10} "
                    f"{'paused' if r['paused'] else 'active'}")
 
 

@@ -33,7 +33,8 @@ def _duration(ms: float | None) -> str:
 
 def _ago(stamp: str | None, now: datetime | None = None) -> str:
     """An ISO time as a table shows it: how long ago, short (``45s ago``, ``2m ago``,
-    ``3h ago``, ``5d ago``), a date past 60 days; ``--json`` keeps the ISO time."""
+    ``3h ago``, ``5d ago``), or how soon (``in 5m``), a date past 60 days; ``--json``
+    keeps the ISO time."""
     if not stamp:
         return "-"
     try:
@@ -45,9 +46,11 @@ def _ago(stamp: str | None, now: datetime | None = None) -> str:
     seconds = ((now or datetime.now(UTC)) - when).total_seconds()
     if -60 < seconds < 60:  # a clock a little ahead of this one is "now" too
         return f"{max(int(seconds), 0)}s ago"
+    span = abs(seconds)
     for size, unit, below in ((60, "m", 3600), (3600, "h", 86400), (86400, "d", 60 * 86400)):
-        if 0 < seconds < below:
-            return f"{int(seconds // size)}{unit} ago"
+        if span < below:
+            count = f"{int(span // size)}{unit}"
+            return f"{count} ago" if seconds > 0 else f"in {count}"
     return when.strftime("%Y-%m-%d")
 
 

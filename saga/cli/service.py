@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from saga.cli.app import _saga, main, note, tools_option
-from saga.cli.render import _event_detail
+from saga.cli.render import _clock, _event_detail
 from saga.config import load_settings
 from saga.errors import ConfigError
 from saga.telemetry import logs
@@ -105,7 +105,7 @@ def _show(ident: int, run_id: str, event: dict[str, object], as_json: bool) -> N
         click.echo(json.dumps({"id": ident, "run_id": run_id, **event}, default=str,
                               ensure_ascii=False))
         return
-    click.echo(f"{ident:>6} {event['timestamp']} {run_id} {event['type']:<18} "
+    click.echo(f"{ident:>6} {_clock(str(event['timestamp']))} {run_id} {event['type']:<18} "
                f"{_event_detail(event)}")
 
 

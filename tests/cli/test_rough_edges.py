@@ -102,7 +102,18 @@ def test_ago_is_short() -> None:
         timedelta(days=5), timedelta(days=90), timedelta(seconds=-2))}
     assert list(ago.values()) == ["5s ago", "2m ago", "3h ago", "5d ago", "2026-08-31",
                                   "0s ago"]
+    assert _ago((now + timedelta(minutes=5)).isoformat(), now) == "in 5m"
     assert _ago(None) == "-"
+
+
+def test_schedules_say_when_they_fire_next_in_human_time(home: Path) -> None:
+    added = invoke(home, "schedule", "add", "nightly", "quickstart", "--every", "2h")
+    assert added.exit_code == 0, added.output
+    header, row = invoke(home, "schedule", "list").stdout.splitlines()
+    assert header.split() == ["NAME", "WHEN", "NEXT", "STATE"]
+    assert row.split()[3:5] == ["in", "1h"] or row.split()[3:5] == ["in", "2h"], row
+    listed = json.loads(invoke(home, "schedule", "list", "--json").stdout)
+    assert datetime.fromisoformat(listed[0]["next_due"]).tzinfo is not None
 
 
 # -- real processes ----------------------------------------------------------------------
@@ -133,6 +144,8 @@ def _reader_gone(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]
 def test_a_reader_going_away_is_silent(tmp_path: Path) -> None:
     done = _saga(["run", "quickstart", "--id", "PIPE-1", "--json"], tmp_path)
     assert done.returncode == 0, done.stderr
+    watched = _saga(["watch", "PIPE-1"], tmp_path).stdout.splitlines()
+    assert watched[0].split()[1].count(":") == 2 and "T" not in watched[0].split()[1]
     for args in (["validate", "quickstart"], ["templates", "list"], ["watch", "PIPE-1"],
                  ["history", "PIPE-1"], ["list"]):
         gone = _reader_gone(args, tmp_path)
