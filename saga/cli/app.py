@@ -3,8 +3,8 @@
 Exit codes: 0 success (a run completed or is waiting for approval), 1 a run ended
 failed or compensated, 2 bad usage or an invalid definition or inputs, 3 the store cannot
 be reached, 4 an unknown run, 5 a concurrent writer won, 6 a chosen run id exists with
-another definition or inputs. Errors print one line on stderr;
-``--debug`` shows the traceback.
+another definition or inputs. Errors print one line on stderr (an error of several
+problems: that line, then one line per problem); ``--debug`` shows the traceback.
 """
 
 from __future__ import annotations
