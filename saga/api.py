@@ -42,7 +42,7 @@ from saga.errors import (
 from saga.executor import TOOL_THREADS, EventHook, Executor, ToolThreads, check_tools
 from saga.lazy import lazy
 from saga.projection import Projection, open_projection
-from saga.scheduler import compensation_order, is_loop_parent
+from saga.scheduler import compensation_order, controls, is_loop_parent
 from saga.scheduler.policy import QUARANTINE_AFTER
 from saga.store import (
     Database,
@@ -362,9 +362,7 @@ class Saga:
         """Redrive a failed run from its failed steps, keeping completed work (``drive``:
         here and now; else a worker continues it)."""
         def record(run: Run) -> None:
-            if run.status != "failed" or run.compensation is not None:
-                raise RunStateError(f"run {run_id} is {run.status}; only a failed run whose "
-                                    "steps were not compensated can be retried")
+            _refuse(run, "retry")
             keys = [k for k, s in run.steps.items() if s["status"] == "failed"
                     or (s["status"] == "skipped" and "upstream" in (s.get("reason") or ""))]
             plan = self.executor_plan(run)
@@ -391,12 +389,7 @@ class Saga:
         who = actor or self.settings.actor
 
         def record(run: Run) -> None:
-            allowed = ("running", "waiting", "paused") if cancel else (
-                "running", "waiting", "paused", "failed", "completed")
-            if run.status not in allowed or (run.compensation is not None
-                                             and run.status == "failed"):
-                raise RunStateError(f"run {run_id} is {run.status}; cannot "
-                                    f"{'cancel' if cancel else 'compensate'} it")
+            _refuse(run, "cancel" if cancel else "compensate")
             order = compensation_order(plan_of(run), run)
             run.start_compensation(f"{reason} (by {who})", order, who, cancel)
         return self._command(run_id, record, on_events) if drive else \
@@ -432,18 +425,14 @@ class Saga:
     def pause(self, run_id: str, *, actor: str | None = None, reason: str | None = None) -> Run:
         """Pause a run: no new step starts; attempts in flight finish."""
         def record(run: Run) -> None:
-            if run.is_finished or run.paused or run.compensation is not None:
-                state = "paused" if run.paused else run.status
-                raise RunStateError(f"run {run_id} is {state}; only a running or waiting run "
-                                    "can be paused")
+            _refuse(run, "pause")
             run.pause(actor or self.settings.actor, reason)
         return self._append(run_id, record)
 
     def unpause(self, run_id: str, *, actor: str | None = None) -> Run:
         """Let a paused run go on (a worker continues it)."""
         def record(run: Run) -> None:
-            if not run.paused or run.is_finished:
-                raise RunStateError(f"run {run_id} is {run.status}, not paused")
+            _refuse(run, "unpause")
             run.unpause(actor or self.settings.actor)
         return self._append(run_id, record)
 
@@ -544,6 +533,8 @@ class Saga:
         """The run's state as a JSON object, with its child runs (nested compositions)."""
         run = self.get(run_id)
         summary = run_summary(run)
+        # what the endpoints would accept now, by their own rules: a viewer offers only these
+        summary["actions"] = controls.allowed(run)
         children = []
         plan = self.executor_plan(run)
         for key, state in run.steps.items():
@@ -580,10 +571,11 @@ class Saga:
     def list_runs(self, status: str | None = None, limit: int | None = None,
                   since: str | None = None, *, definition: str | None = None,
                   actor: str | None = None, labels: Mapping[str, str] | None = None,
-                  until: str | None = None) -> list[dict[str, Any]]:
+                  until: str | None = None, prefix: str | None = None,
+                  offset: int = 0) -> list[dict[str, Any]]:
         """Runs from the read model, newest first, after catching it up (see :meth:`lag`);
-        filtered by status, definition name, actor, labels (all must match) and start
-        time."""
+        filtered by status, definition name, actor, labels (all must match), start time
+        and an id prefix, from the ``offset``-th on."""
         check_moments(since=since, until=until)  # bad bounds are bad input (found by fuzzing)
         try:
             self.projection.catch_up()
@@ -594,7 +586,7 @@ class Saga:
         wanted = dict(labels or {})
         rows = self.projection.runs(status=status, limit=limit or None, since=since,
                                     definition=definition, actor=actor, labels=wanted,
-                                    until=until)
+                                    until=until, prefix=prefix, offset=offset)
         runs = [row_summary(row) for row in rows]
         return [r for r in runs if all(r["labels"].get(k) == v for k, v in wanted.items())]
 
@@ -627,6 +619,14 @@ class Saga:
         run.decide_approval(step_id, approved, actor or self.settings.actor, comment)
         self.app.save_run(run)
         return run
+
+
+def _refuse(run: Run, control: str) -> None:
+    """Raise RunStateError when ``control`` does not apply to ``run`` now (the rules the
+    run's ``actions`` list is computed by: saga.scheduler.controls)."""
+    why = controls.refusal(run, control)
+    if why is not None:
+        raise RunStateError(why)
 
 
 def _refuse_redacted(run: Run) -> None:

@@ -288,13 +288,20 @@ class Projection:
     def runs(self, status: str | None = None, limit: int | None = 50,
              since: str | None = None, definition: str | None = None,
              actor: str | None = None, labels: dict[str, str] | None = None,
-             until: str | None = None) -> list[dict[str, Any]]:
+             until: str | None = None, prefix: str | None = None,
+             offset: int = 0) -> list[dict[str, Any]]:
         """Runs newest first; dicts of the saga_runs columns. Filters: one ``status``, a
         ``definition`` name, an ``actor``, runs carrying every one of ``labels``, started
-        at or after ``since`` and before ``until`` (ISO-8601; a naive time is UTC)."""
+        at or after ``since`` and before ``until`` (ISO-8601; a naive time is UTC), and an
+        id (or chosen name) starting with ``prefix``; the first ``offset`` are passed over."""
         self._ensure()
         where: list[str] = []
         args: list[Any] = []
+        if prefix:
+            # escaped: a run id's "_" or "%" is itself, not a wildcard
+            like = "".join("\\" + c if c in "\\%_" else c for c in prefix) + "%"
+            where.append("(run_id LIKE ? ESCAPE '\\' OR run_name LIKE ? ESCAPE '\\')")
+            args += [like, like]
         for column, value in (("status", status), ("definition_name", definition),
                               ("actor", actor)):
             if value is not None:
@@ -315,9 +322,10 @@ class Projection:
         text += f" WHERE {' AND '.join(where)}" if where else ""
         text += " ORDER BY started_at DESC, run_id DESC"
         if limit is not None:
-            text += " LIMIT ?"
-            args.append(limit)
-        return self._db.query(text, args)
+            text += " LIMIT ? OFFSET ?"
+            args += [limit, offset]
+            return self._db.query(text, args)
+        return self._db.query(text, args)[offset:]
 
     def ids_starting(self, prefix: str, limit: int = 4) -> list[str]:
         """Run ids (or the names callers chose) that start with ``prefix``."""
@@ -467,12 +475,15 @@ class Projections(Projection):
     def runs(self, status: str | None = None, limit: int | None = 50,
              since: str | None = None, definition: str | None = None,
              actor: str | None = None, labels: dict[str, str] | None = None,
-             until: str | None = None) -> list[dict[str, Any]]:
+             until: str | None = None, prefix: str | None = None,
+             offset: int = 0) -> list[dict[str, Any]]:
         """Runs newest first across the partitions (as :meth:`Projection.runs`)."""
-        rows = [r for p in self.parts for r in p.runs(status, limit, since, definition,
-                                                      actor, labels, until)]
+        # a page of the merge needs each partition's first offset + limit
+        each = None if limit is None else offset + limit
+        rows = [r for p in self.parts for r in p.runs(status, each, since, definition,
+                                                      actor, labels, until, prefix)]
         rows.sort(key=lambda r: (r["started_at"] or "", r["run_id"]), reverse=True)
-        return rows if limit is None else rows[:limit]
+        return rows[offset:] if limit is None else rows[offset:offset + limit]
 
     def ids_starting(self, prefix: str, limit: int = 4) -> list[str]:
         """Ids (or chosen names) starting with ``prefix``, in every partition."""

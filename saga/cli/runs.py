@@ -7,7 +7,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
@@ -31,18 +31,11 @@ from saga.cli.render import (
     _print_summary,
     _Progress,
 )
-from saga.composition import plan_of
 from saga.composition.definition import coerce_text, parse_text
 from saga.domain import RUN_STATUSES, TERMINAL, Run
 from saga.errors import DefinitionError, InputError, Problem, SagaError
 from saga.executor import recorded_modules
-from saga.lazy import lazy
 from saga.views import run_summary
-
-if TYPE_CHECKING:
-    from saga import diagram
-else:
-    diagram = lazy("saga.diagram")  # only `saga graph` draws
 
 
 @main.command()
@@ -382,32 +375,6 @@ def replay(run_id: str, verify: bool, at: str | None, as_json: bool) -> None:
             click.echo(f"run {run_id}: {divergence}")
         if divergence is not None:
             sys.exit(1)
-
-
-@main.command()
-@click.argument("target")
-@click.option("--format", "fmt", type=click.Choice(["mermaid", "dot"]), default="mermaid",
-              show_default=True)
-@tools_option
-def graph(target: str, fmt: str, tools: tuple[str, ...]) -> None:
-    """Draw a composition FILE, or a RUN with its steps coloured by status.
-
-    \b
-    Example:
-      saga graph deploy.yaml --format dot | dot -Tsvg > deploy.svg
-      saga graph ORDER-42
-    """
-    saga = _saga(tools)
-    try:
-        is_file = Path(target).exists()
-    except (OSError, ValueError):  # no file has such a name (too long, a NUL): a run's
-        is_file = False
-    if is_file:
-        plan, run = saga.load(target), None
-    else:
-        run = saga.get(target)
-        plan = plan_of(run)
-    click.echo((diagram.mermaid if fmt == "mermaid" else diagram.dot)(plan, run), nl=False)
 
 
 @main.command()

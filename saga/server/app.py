@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from saga.config import Settings, load_settings
-from saga.errors import ConfigError, SagaError
+from saga.errors import ConfigError, RunNotFoundError, SagaError
 from saga.server import compositions, runs, streams
 from saga.server.service import (
     Service,
@@ -196,7 +196,11 @@ def _viewer_routes(app: FastAPI) -> None:
         return FileResponse(VIEWER / "index.html")
 
     @app.get("/runs/{run_id}", response_class=HTMLResponse, include_in_schema=False)
-    def run_page(run_id: str) -> FileResponse:
+    def run_page(request: Request, run_id: str) -> Response:
+        try:
+            request.app.state.service.saga.resolve(run_id)
+        except RunNotFoundError:  # a real 404 with a way back, not six empty cards
+            return HTMLResponse((VIEWER / "notfound.html").read_text(encoding="utf-8"), 404)
         return FileResponse(VIEWER / "run.html")
 
     @app.get("/static/{name}", include_in_schema=False)

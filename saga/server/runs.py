@@ -18,6 +18,7 @@ from saga.api import Saga
 from saga.composition import Plan, plan_of
 from saga.composition.library import find_template
 from saga.errors import InputError, Problem
+from saga.scheduler.policy import not_undone
 from saga.server.service import Service, log, named
 from saga.server.streams import run_event_stream, wants_stream
 from saga.store.partitions import parts_of
@@ -117,9 +118,12 @@ def health(request: Request) -> JSONResponse:
 def list_runs(request: Request, status: str | None = None, definition: str | None = None,
               actor: str | None = None, label: Annotated[list[str] | None, Query()] = None,
               since: str | None = None, until: str | None = None,
-              limit: int = Query(50, ge=0, le=1000)) -> list[dict[str, Any]]:
+              prefix: str | None = Query(None, max_length=200),
+              limit: int = Query(50, ge=0, le=1000),
+              offset: int = Query(0, ge=0)) -> list[dict[str, Any]]:
     """Runs, newest first, filtered by status, definition, actor, labels (``key=value``,
-    all must match) and start time."""
+    all must match), start time and ``prefix`` (of the run's id or chosen name); a page
+    of ``limit`` from ``offset`` on."""
     labels = {}
     for pair in label or ():
         key, sep, value = pair.partition("=")
@@ -127,7 +131,8 @@ def list_runs(request: Request, status: str | None = None, definition: str | Non
             raise InputError([Problem("label", f"{pair!r} is not key=value")])
         labels[key] = value
     return service(request).saga.list_runs(status, limit, since, definition=definition,
-                                           actor=actor, labels=labels, until=until)
+                                           actor=actor, labels=labels, until=until,
+                                           prefix=prefix, offset=offset)
 
 
 @router.post("/runs", status_code=202)
@@ -249,9 +254,10 @@ def graph(request: Request, run_id: str,
     (nodes with their level and status, and edges) as the viewer draws it."""
     run = service(request).saga.get(run_id)
     plan = plan_of(run)
+    left = not_undone(plan, run)
     if format == "json":
-        return JSONResponse(diagram.layout(plan, run))
-    text = (diagram.mermaid if format == "mermaid" else diagram.dot)(plan, run)
+        return JSONResponse(diagram.layout(plan, run, left))
+    text = (diagram.mermaid if format == "mermaid" else diagram.dot)(plan, run, left)
     return PlainTextResponse(text)
 
 

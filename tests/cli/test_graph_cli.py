@@ -37,13 +37,18 @@ def test_graph_of_a_file_and_of_a_run(tmp_path: Path) -> None:
     code, out = cli(["graph", TEMPLATE], tmp_path)
     assert code == 0
     assert out.startswith("flowchart TD")
-    assert 'n0["reserve: echo"]' in out and "n0 --> n1" in out
+    assert 'n0["reserve: echo"]' in out and "n3 --> n4" in out
+    # conditions on their edges, undo boxes chained in rollback order
+    assert '''n0 -->|"when inputs.fail_at != 'charge'"| n1''' in out
+    assert 'u0(["undo reserve: echo"])' in out and "u1 -.->|then| u0" in out
+    assert cli(["graph", "quickstart"], tmp_path) == (0, out)  # a template by name
     code, out = cli(["run", TEMPLATE, "--json", "-i", "fail_at=ship"], tmp_path)
     run_id = json.loads(out)["run_id"]
     code, out = cli(["graph", run_id, "--format", "dot"], tmp_path)
     assert code == 0 and out.startswith("digraph saga {")
     assert '"reserve" [label="reserve: echo\\ncompensated"' in out
     assert '"ship" [label="ship: fail\\nfailed", fillcolor="#f4a3a3"]' in out
-    assert '"reserve" -> "charge";' in out
+    assert '"reserve" -> "charge" [label="when inputs.fail_at != \'charge\'"];' in out
+    assert '"charge~undo" -> "reserve~undo"' in out
     code, out = cli(["graph", run_id], tmp_path)
     assert "classDef compensated" in out and "class n0,n1 compensated" in out

@@ -323,3 +323,18 @@ def test_a_child_run_lives_in_its_own_partition_not_its_parent_s(
             uid = str(run_uuid(run_id))
             assert uid in stored[partition_of(run_id, 2)]
             assert uid not in stored[1 - partition_of(run_id, 2)]
+
+
+def test_the_list_pages_and_searches_across_partitions(parts: Settings,
+                                                       registry: Registry) -> None:
+    """Issue 39: ``offset`` pages the merge of every partition (each run once), and
+    ``prefix`` finds a run whichever partition holds it."""
+    with Saga(parts, registry=registry) as saga:
+        ids = submit_to_both(saga, 6)
+        every = [r["run_id"] for r in saga.list_runs(limit=None)]
+        pages = [[r["run_id"] for r in saga.list_runs(limit=2, offset=at)]
+                 for at in range(0, len(ids) + 2, 2)]
+        assert [r for page in pages for r in page] == every and sorted(every) == sorted(
+            str(saga.get(i).id) for i in ids)
+        for run_id in every:
+            assert [r["run_id"] for r in saga.list_runs(prefix=run_id[:8])] == [run_id]
