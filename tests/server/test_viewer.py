@@ -86,6 +86,7 @@ def test_the_list_and_a_run_in_a_browser(sqlite_server: Server,
              for r in browser.find_elements(By.CSS_SELECTOR, "#steps tbody tr")}
     assert steps["ship"] == "failed" and steps["reserve"] == "compensated"
     wait(browser, '#audit [data-ok="true"]')
+    browser.find_element(By.CSS_SELECTOR, "#history-card > summary").click()  # folded
     history = browser.find_elements(By.CSS_SELECTOR, "#history tbody tr")
     assert history[0].text.split()[0] == "1" and "RunCompensated" in history[-1].text
     assert browser.find_elements(By.CSS_SELECTOR, '#timeline .timeline-bar[data-kind="failed"]')
@@ -106,6 +107,7 @@ def test_approve_from_the_page_and_watch_it_finish(sqlite_server: Server,
     assert "deploy to prod?" in browser.find_element(By.CSS_SELECTOR,
                                                      '[data-approval="deploy"]').text
     button.click()
+    wait(browser, 'dialog#ask[open] [data-answer="yes"]')[0].click()  # it asks first
     # the page follows the run live until it ends
     wait(browser, '#graph g.node[data-step="notify"][data-status="completed"]')
     wait(browser, "#summary .s-completed")

@@ -1,5 +1,7 @@
 // The saga run viewer: plain DOM, no framework, nothing fetched from outside this service.
-// Every value from a run is put on the page as text (never as HTML).
+// Every value from a run is put on the page as text (never as HTML). It offers only what
+// the API would accept now (the run's `actions`), and shows one status word per step, the
+// same in the graph, the table and the header.
 "use strict";
 
 var saga = (function () {
@@ -9,6 +11,9 @@ var saga = (function () {
     "RunCompleted", "RunFailed", "RunCompensated", "RunCancelled", "RunPaused", "RunUnpaused",
     "StepWaiting", "SignalReceived", "RunTimedOut", "RetentionApplied", "RunTakenOver"];
   var ENDINGS = ["RunCompleted", "RunFailed", "RunCompensated", "RunCancelled"];
+  var FINISHED = ["completed", "failed", "compensated", "cancelled"];
+  var PAGE = 50;  // runs per page of the list
+  var LONG = 160;  // an output longer than this (or of several lines) starts collapsed
 
   function token() {
     var m = document.cookie.match(/(?:^|;\s*)saga_token=([^;]*)/);
@@ -28,7 +33,11 @@ var saga = (function () {
         var kind = r.headers.get("content-type") || "";
         var body = kind.indexOf("json") >= 0 ? r.json() : r.text();
         return body.then(function (b) {
-          if (!r.ok) throw new Error((b && b.detail) || r.statusText);
+          if (!r.ok) {
+            var error = new Error((b && b.detail) || r.statusText);
+            error.status = r.status;
+            throw error;
+          }
           return b;
         });
       });
@@ -40,7 +49,8 @@ var saga = (function () {
     Object.keys(attrs).forEach(function (k) {
       if (k === "text") node.textContent = attrs[k];
       else if (k === "onclick") node.addEventListener("click", attrs[k]);
-      else if (attrs[k] !== null && attrs[k] !== undefined) node.setAttribute(k, attrs[k]);
+      else if (attrs[k] !== null && attrs[k] !== undefined && attrs[k] !== false)
+        node.setAttribute(k, attrs[k]);
     });
     for (var i = 2; i < arguments.length; i++) {
       var child = arguments[i];
@@ -50,17 +60,58 @@ var saga = (function () {
     return node;
   }
 
+  function cls(status) { return "s-" + String(status || "pending").replace(/ /g, "-"); }
+
   function badge(status) {
-    return el("span", {"class": "badge s-" + (status || "pending"), text: status || "pending"});
+    return el("span", {"class": "badge " + cls(status), text: status || "pending"});
   }
 
   function duration(ms) {
     if (ms === null || ms === undefined) return "-";
-    return ms >= 1000 ? (ms / 1000).toFixed(1) + "s" : Math.round(ms) + "ms";
+    if (ms < 1000) return Math.round(ms) + "ms";
+    if (ms < 60000) return (ms / 1000).toFixed(1) + "s";
+    if (ms < 3600000) return Math.floor(ms / 60000) + "m " + Math.round(ms % 60000 / 1000) + "s";
+    return Math.floor(ms / 3600000) + "h " + Math.round(ms % 3600000 / 60000) + "m";
+  }
+
+  function exact(iso) {
+    // the exact moment, to the second, in UTC and here
+    var d = new Date(iso);
+    if (isNaN(d)) return String(iso);
+    return d.toISOString().replace(/\.\d+Z$/, "Z").replace("T", " ") + " UTC (" +
+      d.toLocaleString() + ")";
+  }
+
+  function ago(iso, now) {
+    var ms = (now || Date.now()) - Date.parse(iso);
+    if (isNaN(ms)) return String(iso);
+    var future = ms < 0, s = Math.abs(ms) / 1000, text;
+    if (s < 5) return "just now";
+    if (s < 60) text = Math.round(s) + "s";
+    else if (s < 3600) text = Math.round(s / 60) + " min";
+    else if (s < 86400) text = Math.round(s / 3600) + " h";
+    else text = Math.round(s / 86400) + " d";
+    return future ? "in " + text : text + " ago";
+  }
+
+  function when(iso) {
+    // a relative time; the exact one on hover
+    if (!iso) return el("span", {"class": "muted", text: "-"});
+    return el("time", {datetime: iso, title: exact(iso), text: ago(iso)});
   }
 
   function json(value) {
     return value === undefined ? "" : JSON.stringify(value, null, 2);
+  }
+
+  function collapsible(text, open) {
+    // a long value starts folded, its first line showing
+    if (!text) return el("span", {"class": "muted", text: ""});
+    var flat = text.replace(/\s+/g, " ");
+    if (flat.length <= LONG) return el("pre", {text: flat});
+    return el("details", {"class": "fold", open: open ? "open" : null},
+      el("summary", {text: flat.length > 90 ? flat.slice(0, 89) + "…" : flat}),
+      el("pre", {text: text}));
   }
 
   function debounce(fn, ms) {
@@ -90,27 +141,91 @@ var saga = (function () {
     return source;
   }
 
+  function refreshTimes() {
+    // relative times age: redraw them each half minute
+    setInterval(function () {
+      Array.prototype.forEach.call(document.querySelectorAll("time[datetime]"), function (t) {
+        t.textContent = ago(t.getAttribute("datetime"));
+      });
+    }, 30000);
+  }
+
+  // ---- a confirmation, with a comment or a reason ------------------------------------
+  function ask(title, text, field, verb, danger) {
+    // resolves with the comment (possibly "") on confirm, with null on cancel
+    return new Promise(function (resolve) {
+      var dialog = document.getElementById("ask") || document.body.appendChild(
+        el("dialog", {id: "ask", "class": "ask"}));
+      dialog.textContent = "";
+      var box = el("textarea", {id: "ask-text", rows: 3, placeholder: field + " (optional)",
+                                "aria-label": field});
+      function done(value) { dialog.close(); resolve(value); }
+      dialog.appendChild(el("form", {method: "dialog"},
+        el("h2", {text: title}), el("p", {text: text}),
+        el("label", {"for": "ask-text", text: field}), box,
+        el("p", {"class": "ask-buttons"},
+          el("button", {type: "button", "class": "plain", "data-answer": "no", text: "Back",
+                        onclick: function () { done(null); }}),
+          el("button", {type: "button", "class": danger ? "danger" : null,
+                        "data-answer": "yes", text: verb,
+                        onclick: function () { done(box.value.trim()); }}))));
+      dialog.oncancel = function () { resolve(null); };
+      dialog.showModal();
+      box.focus();
+    });
+  }
+
   // ---- the list of runs ------------------------------------------------------------
   function listPage() {
     var form = document.getElementById("filters");
-    var params = new URLSearchParams(location.search);
+    function params() { return new URLSearchParams(location.search); }
     Array.prototype.forEach.call(form.elements, function (input) {
-      if (input.name && params.get(input.name)) input.value = params.get(input.name);
+      if (input.name && params().get(input.name)) input.value = params().get(input.name);
     });
+    function go(query) {
+      history.replaceState(null, "", "?" + query.toString());
+      load();
+    }
     form.addEventListener("submit", function (event) {
       event.preventDefault();
       var query = new URLSearchParams();
       Array.prototype.forEach.call(form.elements, function (input) {
-        if (input.name && input.value) query.set(input.name, input.value);
+        if (input.name && input.value) query.set(input.name, input.value.trim());
       });
-      history.replaceState(null, "", "?" + query.toString());
-      load();
+      if (params().get("limit")) query.set("limit", params().get("limit"));
+      go(query);  // a new search starts at the first page
     });
 
+    // ?limit= in the page's address sets the page size (50 by default)
+    var size = Math.min(Math.max(parseInt(params().get("limit") || "", 10) || PAGE, 1), 500);
+
+    function pager(offset, shown, more) {
+      var nav = document.getElementById("pages");
+      nav.textContent = "";
+      function to(at) {
+        return function () {
+          var query = params();
+          if (at > 0) query.set("offset", String(at)); else query.delete("offset");
+          go(query);
+        };
+      }
+      nav.appendChild(el("button", {"class": "plain", "data-page": "newer", text: "← Newer",
+                                    disabled: offset <= 0 ? "disabled" : null,
+                                    onclick: to(Math.max(offset - size, 0))}));
+      nav.appendChild(el("span", {"class": "muted", "data-range": "",
+        text: shown ? "runs " + (offset + 1) + "–" + (offset + shown) : "no runs"}));
+      nav.appendChild(el("button", {"class": "plain", "data-page": "older", text: "Older →",
+                                    disabled: more ? null : "disabled",
+                                    onclick: to(offset + size)}));
+    }
+
     function load() {
-      var query = new URLSearchParams(location.search);
-      query.set("limit", "200");
+      var query = params();
+      var offset = Math.max(parseInt(query.get("offset") || "0", 10) || 0, 0);
+      query.set("limit", String(size + 1));  // one more than shown: is there a next page
       return api("/api/v1/runs?" + query.toString()).then(function (runs) {
+        var more = runs.length > size;
+        runs = runs.slice(0, size);
         var body = document.querySelector("#runs tbody");
         body.textContent = "";
         runs.forEach(function (run) {
@@ -120,14 +235,19 @@ var saga = (function () {
             el("td", {text: run.name}),
             el("td", {}, badge(run.status)),
             el("td", {text: run.actor || ""}),
-            el("td", {text: run.started_at || ""}),
+            el("td", {}, when(run.started_at)),
             el("td", {text: duration(run.duration_ms)})));
         });
         document.getElementById("empty").hidden = runs.length > 0;
+        pager(offset, runs.length, more);
+      }).catch(function (e) {
+        document.getElementById("empty").hidden = false;
+        document.getElementById("empty").textContent = e.message;
       });
     }
 
     var refresh = debounce(load, 250);
+    refreshTimes();
     api("/api/v1/health").then(function (health) {
       document.getElementById("store").textContent = health.store;
       load();
@@ -140,127 +260,291 @@ var saga = (function () {
     var runId = decodeURIComponent(location.pathname.replace(/^\/runs\//, ""));
     var base = "/api/v1/runs/" + encodeURIComponent(runId);
     document.title = "saga · " + runId;
+    var view = {zoom: null};  // the graph's viewBox, kept across redraws once changed
+    var failedOnly = false;
+    var current = null;  // the last run and layout drawn
 
     function act(path, body) {
       return api(base + path, {method: "POST", body: body || {}})
-        .then(load).catch(function (e) { alert(e.message); });
+        .then(load).catch(function (e) { showError(e.message); });
     }
 
-    function summary(run) {
+    function showError(message) {
+      var box = document.getElementById("notice");
+      box.hidden = false;
+      box.textContent = message;
+    }
+
+    // One status word per step, whatever shows it: the graph's (which knows waits and
+    // what a rollback left), else the step's own.
+    function statusOf(run, layout, key) {
+      var node = layout.byId[key];
+      if (node && node.status) return node.status;
+      var s = run.steps[key] || {};
+      if (s.compensation_error) return "not undone";
+      if ((run.waiting_for || []).indexOf(key) >= 0) return "waiting";
+      return s.status || "pending";
+    }
+
+    var CONTROLS = {
+      retry: {label: "Retry", text: "Run the failed steps again, keeping the completed ones.",
+              field: "Reason", danger: false},
+      compensate: {label: "Undo", text: "Undo the completed steps, newest first.",
+                   field: "Reason", danger: true},
+      cancel: {label: "Cancel run", text: "Stop the run and undo its completed steps.",
+               field: "Reason", danger: true},
+      pause: {label: "Pause", text: "No new step starts; attempts in flight finish.",
+              field: "Reason", danger: false},
+      unpause: {label: "Resume", text: "Let the run go on.", field: null, danger: false}
+    };
+
+    function summary(run, layout, keys) {
       var box = document.getElementById("summary");
       box.textContent = "";
-      box.appendChild(el("h1", {}, run.run_id + " ", badge(run.status)));
+      var left = run.not_undone || [];
+      var shown = keys.map(function (k) { return statusOf(run, layout, k); });
+      var head = el("h1", {}, run.run_id + " ", badge(run.status));
+      if (left.length && (run.status === "failed" || run.status === "cancelled" ||
+                          run.status === "compensated" || run.status === "compensating"))
+        head.appendChild(el("span", {"class": "badge " + cls("not undone"), "data-not-undone": left.join(","),
+          title: "their effects are still in place: " + left.join(", "),
+          text: left.length + (left.length === 1 ? " step" : " steps") + " not undone"}));
+      box.appendChild(head);
+      var done = shown.filter(function (s) { return ["pending", "running", "waiting"].indexOf(s) < 0; });
+      box.appendChild(el("p", {"class": "progress", id: "progress",
+        text: done.length + " of " + keys.length + " steps finished" +
+              (run.failed_step ? " · failed at " + run.failed_step : "") +
+              (left.length ? " · not undone: " + left.join(", ") : "")}));
       var facts = el("div", {"class": "facts"});
-      [["definition", run.name], ["actor", run.actor], ["started", run.started_at],
-       ["finished", run.finished_at], ["version", run.version],
-       ["failed step", run.failed_step]].forEach(function (f) {
+      [["definition", run.name], ["actor", run.actor], ["version", run.version],
+       ["queue", run.queue]].forEach(function (f) {
         if (f[1] !== null && f[1] !== undefined && f[1] !== "")
           facts.appendChild(el("div", {}, el("span", {text: f[0]}), String(f[1])));
       });
+      facts.appendChild(el("div", {}, el("span", {text: "started"}), when(run.started_at)));
+      if (run.finished_at) {
+        facts.appendChild(el("div", {}, el("span", {text: "finished"}), when(run.finished_at)));
+        facts.appendChild(el("div", {}, el("span", {text: "took"}),
+          duration(Date.parse(run.finished_at) - Date.parse(run.started_at))));
+      }
       box.appendChild(facts);
-      if (run.error) box.appendChild(el("pre", {"class": "bad", text: json(run.error)}));
-      var buttons = el("p", {});
-      if (["running", "waiting", "paused"].indexOf(run.status) >= 0)
-        buttons.appendChild(el("button", {"class": "danger", text: "Cancel",
-          onclick: function () { if (confirm("Cancel this run and undo its steps?")) act("/cancel"); }}));
-      if (run.status === "failed")
-        buttons.appendChild(el("button", {text: "Retry", onclick: function () { act("/retry"); }}));
+      if (run.error) box.appendChild(collapsible(json(run.error), false)).classList.add("bad");
+      var buttons = el("p", {"class": "controls"});
+      (run.actions || []).forEach(function (a) {
+        var c = CONTROLS[a.action];
+        if (!c) return;
+        buttons.appendChild(el("button", {"class": c.danger ? "danger" : null,
+          "data-action": a.action, text: c.label, onclick: function () {
+            if (!c.field) { act("/" + a.action); return; }
+            ask(c.label + " run " + run.run_id + "?", c.text, c.field, c.label, c.danger)
+              .then(function (reason) {
+                if (reason !== null) act("/" + a.action, reason ? {reason: reason} : {});
+              });
+          }}));
+      });
       box.appendChild(buttons);
       var approvals = document.getElementById("approvals");
       approvals.textContent = "";
-      (run.waiting_for || []).forEach(function (step) {
+      var asked = {};
+      (run.actions || []).forEach(function (a) {
+        if (a.step && (a.action === "approve" || a.action === "reject")) asked[a.step] = true;
+      });
+      Object.keys(asked).forEach(function (step) {
         var info = (run.steps[step] || {}).approval || {};
+        function decide(verb, danger) {
+          return function () {
+            ask((verb === "approve" ? "Approve " : "Reject ") + step + "?",
+                info.message || "This step waits for a person's decision.", "Comment",
+                verb === "approve" ? "Approve" : "Reject", danger).then(function (comment) {
+              if (comment !== null)
+                act("/" + verb + "/" + encodeURIComponent(step), comment ? {comment: comment} : {});
+            });
+          };
+        }
         approvals.appendChild(el("div", {"class": "approval", "data-approval": step},
           el("strong", {text: step}),
           el("span", {"class": "msg", text: info.message || "waiting for approval"}),
-          el("button", {text: "Approve", "data-action": "approve",
-                        onclick: function () { act("/approve/" + encodeURIComponent(step)); }}),
-          el("button", {"class": "danger", text: "Reject", "data-action": "reject",
-                        onclick: function () { act("/reject/" + encodeURIComponent(step)); }})));
+          el("button", {text: "Approve…", "data-action": "approve", onclick: decide("approve", false)}),
+          el("button", {"class": "danger", text: "Reject…", "data-action": "reject",
+                        onclick: decide("reject", true)})));
       });
     }
 
-    function steps(run) {
+    function stepKeys(run, layout) {
+      // every step of the plan, in the graph's order, and each execution the run recorded
+      // (loop iterations, gates) after its step
+      var keys = layout.nodes.map(function (n) { return n.id; });
+      Object.keys(run.steps).forEach(function (k) { if (keys.indexOf(k) < 0) keys.push(k); });
+      return keys;
+    }
+
+    function steps(run, layout, keys) {
       var body = document.querySelector("#steps tbody");
       body.textContent = "";
-      Object.keys(run.steps).forEach(function (key) {
-        var s = run.steps[key];
+      var shown = 0;
+      keys.forEach(function (key) {
+        var s = run.steps[key] || {};
+        var status = statusOf(run, layout, key);
+        var bad = status === "failed" || status === "not undone";
+        if (failedOnly && !bad) return;
+        shown++;
         var detail = s.error ? json(s.error) : json(s.output);
-        if (s.compensation_error) detail += "\ncompensation failed: " + json(s.compensation_error);
-        var shown = s.compensation_error ? "compensation failed" : s.status;
-        body.appendChild(el("tr", {"data-step": key, "data-status": s.status,
-                                   "data-compensation": s.compensation_error ? "failed" : null},
-          el("td", {text: key}),
-          el("td", {}, el("span", {"class": "badge s-" + (s.compensation_error ? "failed" : s.status),
-                                   text: shown})),
-          el("td", {text: s.attempt || 0}), el("td", {text: duration(s.duration_ms)}),
-          el("td", {}, el("pre", {text: detail}))));
+        if (s.reason) detail = detail || s.reason;
+        var cell = el("td", {}, collapsible(detail, false));
+        if (s.compensation_error)
+          cell.appendChild(el("div", {"class": "bad"}, "undo failed: ",
+                               collapsible(json(s.compensation_error), false)));
+        body.appendChild(el("tr", {"data-step": key, "data-status": status},
+          el("td", {text: key}), el("td", {}, badge(status)),
+          el("td", {text: s.attempt || 0}), el("td", {text: duration(s.duration_ms)}), cell));
       });
-      document.getElementById("outputs").textContent = json(run.outputs);
+      document.getElementById("steps-count").textContent = failedOnly
+        ? shown + " of " + keys.length + " steps failed or not undone"
+        : keys.length + " steps";
+      var outputs = document.getElementById("outputs");
+      outputs.textContent = "";
+      outputs.appendChild(collapsible(json(run.outputs), false));
     }
 
     function graph(layout) {
-      var W = 190, H = 44, GX = 60, GY = 26, NS = "http://www.w3.org/2000/svg";
+      var W = 210, H = 70, GX = 80, GY = 34, NS = "http://www.w3.org/2000/svg";
+      var undoes = (layout.links || []).some(function (l) { return l.kind === "undo"; });
       var levels = 0, rows = 0, at = {};
       layout.nodes.forEach(function (n) {
         levels = Math.max(levels, n.level + 1);
         rows = Math.max(rows, n.row + 1);
-        at[n.id] = {x: 10 + n.level * (W + GX), y: 10 + n.row * (H + GY)};
+        at[n.id] = {x: 20 + n.level * (W + GX), y: 20 + n.row * (H + GY)};
       });
+      var full = {x: 0, y: 0, w: 40 + levels * (W + GX) - GX,
+                  h: 40 + rows * (H + GY) - GY + (undoes ? 34 : 0)};
       var svg = document.createElementNS(NS, "svg");
-      svg.setAttribute("width", 20 + levels * (W + GX));
-      svg.setAttribute("height", 20 + rows * (H + GY));
-      function add(tag, attrs, text) {
+      svg.setAttribute("width", "100%");
+      svg.setAttribute("preserveAspectRatio", "xMinYMin meet");
+      function add(parent, tag, attrs, text) {
         var node = document.createElementNS(NS, tag);
         Object.keys(attrs).forEach(function (k) { node.setAttribute(k, attrs[k]); });
         if (text !== undefined) node.textContent = text;
-        svg.appendChild(node);
+        parent.appendChild(node);
         return node;
       }
-      var defs = add("defs", {});
-      var marker = document.createElementNS(NS, "marker");
-      [["id", "arrow"], ["viewBox", "0 0 10 10"], ["refX", "10"], ["refY", "5"],
-       ["markerWidth", "7"], ["markerHeight", "7"], ["orient", "auto"]].forEach(function (a) {
-        marker.setAttribute(a[0], a[1]);
+      var defs = add(svg, "defs", {});
+      [["arrow", "#8a93a3"], ["undo", "#7b2cbf"]].forEach(function (m) {
+        var marker = add(defs, "marker", {id: "m-" + m[0], viewBox: "0 0 10 10", refX: "10",
+          refY: "5", markerWidth: "7", markerHeight: "7", orient: "auto"});
+        add(marker, "path", {d: "M0,0 L10,5 L0,10 z", fill: m[1]});
       });
-      var tip = document.createElementNS(NS, "path");
-      tip.setAttribute("d", "M0,0 L10,5 L0,10 z");
-      tip.setAttribute("fill", "#8a93a3");
-      marker.appendChild(tip);
-      defs.appendChild(marker);
-      layout.edges.forEach(function (e) {
-        var a = at[e[0]], b = at[e[1]];
-        add("line", {x1: a.x + W, y1: a.y + H / 2, x2: b.x, y2: b.y + H / 2,
-                     stroke: "#8a93a3", "stroke-width": 1.5, "marker-end": "url(#arrow)"});
+      var world = add(svg, "g", {"class": "world"});
+      (layout.links || layout.edges.map(function (e) {
+        return {from: e[0], to: e[1], kind: "flow"};
+      })).forEach(function (link) {
+        var a = at[link.from], b = at[link.to];
+        if (!a || !b) return;
+        var g = add(world, "g", {"class": "link", "data-kind": link.kind,
+                                 "data-from": link.from, "data-to": link.to});
+        if (link.kind === "undo") {
+          // below the boxes, from the later step back to the earlier one
+          var y1 = a.y + H, y2 = b.y + H, dip = Math.max(y1, y2) + 26;
+          add(g, "path", {d: "M" + (a.x + W / 2) + "," + y1 + " C" + (a.x + W / 2) + "," + dip +
+                             " " + (b.x + W / 2) + "," + dip + " " + (b.x + W / 2) + "," + y2,
+                          fill: "none", stroke: "#7b2cbf", "stroke-width": 1.5,
+                          "stroke-dasharray": "5 4", "marker-end": "url(#m-undo)"});
+          return;
+        }
+        var back = b.x <= a.x;  // a loop edge goes back: draw it above
+        var d = back
+          ? "M" + (a.x + W / 2) + "," + a.y + " C" + (a.x + W / 2) + "," + (a.y - 30) + " " +
+            (b.x + W / 2) + "," + (b.y - 30) + " " + (b.x + W / 2) + "," + b.y
+          : "M" + (a.x + W) + "," + (a.y + H / 2) + " L" + b.x + "," + (b.y + H / 2);
+        add(g, "path", {d: d, fill: "none", stroke: "#8a93a3", "stroke-width": 1.5,
+                        "stroke-dasharray": link.kind === "loop" ? "2 3" : "none",
+                        "marker-end": "url(#m-arrow)"});
+        var own = (layout.byId[link.to] || {}).when;
+        if (own && link.label === own) {
+          // the target's own condition, written in its box: the edge only says "if"
+          g.setAttribute("data-condition", own);
+          add(g, "text", {x: (a.x + W + b.x) / 2, y: (a.y + b.y + H) / 2 - 6,
+                          "text-anchor": "middle", "class": "edge-label"}, "if");
+          add(g, "title", {}, own);
+        } else if (link.label) {
+          var mx = back ? (a.x + b.x + W) / 2 : (a.x + W + b.x) / 2;
+          var my = back ? Math.min(a.y, b.y) - 26 : (a.y + b.y + H) / 2 - 6;
+          var fits = back ? 40 : Math.floor((b.x - a.x - W) / 6.5);
+          var text = link.label.length > fits ? link.label.slice(0, fits - 1) + "…" : link.label;
+          var label = add(g, "text", {x: mx, y: my, "text-anchor": "middle",
+                                      "class": "edge-label"}, text);
+          add(label, "title", {}, link.label);
+        }
       });
       layout.nodes.forEach(function (n) {
-        var p = at[n.id];
-        var g = document.createElementNS(NS, "g");
-        g.setAttribute("class", "node");
-        g.setAttribute("data-step", n.id);
-        g.setAttribute("data-status", n.status || "pending");
-        svg.appendChild(g);
-        var rect = document.createElementNS(NS, "rect");
-        [["x", p.x], ["y", p.y], ["width", W], ["height", H], ["rx", 7],
-         ["fill", n.colour], ["stroke", "#5b6473"]].forEach(function (a) {
-          rect.setAttribute(a[0], a[1]);
-        });
-        g.appendChild(rect);
-        var label = document.createElementNS(NS, "text");
-        label.setAttribute("x", p.x + 8);
-        label.setAttribute("y", p.y + 18);
-        label.textContent = n.label.length > 28 ? n.label.slice(0, 27) + "…" : n.label;
-        g.appendChild(label);
-        var state = document.createElementNS(NS, "text");
-        state.setAttribute("x", p.x + 8);
-        state.setAttribute("y", p.y + 35);
-        state.setAttribute("fill", "#5b6473");
-        state.textContent = n.status || "pending";
-        g.appendChild(state);
+        var p = at[n.id], status = n.status || "pending";
+        var g = add(world, "g", {"class": "node " + cls(status), "data-step": n.id,
+                                 "data-status": status});
+        var cond = n.when || n.condition;
+        add(g, "title", {}, n.label + (cond ? "\n" + cond : "") +
+                            (n.undo ? "\nundo: " + n.undo : "") + "\n" + status);
+        add(g, "rect", {x: p.x, y: p.y, width: W, height: H, rx: 7, fill: n.colour,
+                        stroke: status === "not undone" ? "#b3261e" : "#5b6473",
+                        "stroke-width": status === "not undone" ? 2.5 : 1});
+        add(g, "text", {x: p.x + 8, y: p.y + 17},
+            n.label.length > 30 ? n.label.slice(0, 29) + "…" : n.label);
+        add(g, "text", {x: p.x + 8, y: p.y + 33, "class": "node-status"}, status);
+        function cut(t) { return t.length > 33 ? t.slice(0, 32) + "…" : t; }
+        if (cond) add(g, "text", {x: p.x + 8, y: p.y + 48, "class": "node-cond"}, cut(cond));
+        if (n.undo) add(g, "text", {x: p.x + 8, y: p.y + (cond ? 63 : 48), "class": "node-undo"},
+                        cut("↩ undo: " + n.undo));
       });
       var box = document.getElementById("graph");
       box.textContent = "";
       box.appendChild(svg);
+      function show(v) {
+        // fit to width, but never blow a small graph up past its natural size; zoomed in,
+        // the view is as tall as the graph at that scale (within 240 to 520 px)
+        var room = box.clientWidth || full.w;
+        var fitted = Math.min(full.w, room);
+        var wide = v.w >= full.w ? fitted : room;
+        var high = full.h * fitted / full.w;
+        if (v.w < full.w) {
+          high = Math.min(Math.max(full.h * room / v.w, high, 240), 520);
+          v.h = v.w * high / wide;
+          // keep the graph in view: pan no further than its edges
+          v.x = Math.min(Math.max(v.x, 0), Math.max(full.w - v.w, 0));
+          v.y = v.h >= full.h ? 0 : Math.min(Math.max(v.y, 0), full.h - v.h);
+        }
+        svg.setAttribute("viewBox", [v.x, v.y, v.w, v.h].join(" "));
+        svg.style.maxWidth = wide + "px";
+        svg.setAttribute("height", Math.round(high));
+        box.setAttribute("data-zoom", (full.w / v.w).toFixed(2));
+      }
+      function zoom(factor, cx, cy) {
+        var v = view.zoom || Object.assign({}, full);
+        cx = cx === undefined ? v.x + v.w / 2 : cx;
+        cy = cy === undefined ? v.y + v.h / 2 : cy;
+        var w = Math.min(Math.max(v.w / factor, 150), full.w * 2);
+        var h = v.h * w / v.w;
+        view.zoom = {x: cx - (cx - v.x) * w / v.w, y: cy - (cy - v.y) * h / v.h, w: w, h: h};
+        show(view.zoom);
+      }
+      box.onwheel = function (e) {
+        if (!e.ctrlKey && !e.metaKey) return;  // a plain wheel scrolls the page
+        e.preventDefault();
+        var r = svg.getBoundingClientRect(), v = view.zoom || full;
+        zoom(e.deltaY < 0 ? 1.2 : 1 / 1.2, v.x + (e.clientX - r.left) / r.width * v.w,
+             v.y + (e.clientY - r.top) / r.height * v.h);
+      };
+      var drag = null;
+      svg.onmousedown = function (e) { drag = {x: e.clientX, y: e.clientY, v: view.zoom || full}; };
+      window.onmouseup = function () { drag = null; };
+      svg.onmousemove = function (e) {
+        if (!drag) return;
+        var r = svg.getBoundingClientRect(), v = drag.v;
+        view.zoom = {x: v.x - (e.clientX - drag.x) / r.width * v.w,
+                     y: v.y - (e.clientY - drag.y) / r.height * v.h, w: v.w, h: v.h};
+        show(view.zoom);
+      };
+      document.getElementById("zoom-in").onclick = function () { zoom(1.25); };
+      document.getElementById("zoom-out").onclick = function () { zoom(1 / 1.25); };
+      document.getElementById("zoom-fit").onclick = function () { view.zoom = null; show(full); };
+      show(view.zoom || full);
     }
 
     function timeline(events) {
@@ -297,6 +581,11 @@ var saga = (function () {
       });
       var colours = {running: "#a9d6e5", completed: "#52b788", failed: "#e5383b",
                      waiting: "#ffd166", compensated: "#9d4edd", skipped: "#adb5bd"};
+      var card = document.getElementById("timeline-card");
+      if (!card.hasAttribute("data-seen")) {  // a long run's starts folded, once
+        card.setAttribute("data-seen", "");
+        card.open = order.length <= 20;
+      }
       order.forEach(function (key) {
         var track = el("div", {"class": "timeline-track"});
         rows[key].forEach(function (b) {
@@ -315,12 +604,17 @@ var saga = (function () {
     function historyTable(events) {
       var body = document.querySelector("#history tbody");
       body.textContent = "";
+      document.getElementById("history-count").textContent = events.length + " events";
+      var t0 = events.length ? Date.parse(events[0].timestamp) : 0;
       events.forEach(function (e) {
         var p = Object.assign({}, e.payload || {});
         delete p.definition;
+        var offset = Date.parse(e.timestamp) - t0;
         body.appendChild(el("tr", {"data-version": e.version},
-          el("td", {text: e.version}), el("td", {text: e.timestamp}),
-          el("td", {text: e.type}), el("td", {}, el("pre", {text: JSON.stringify(p)}))));
+          el("td", {text: e.version}),
+          el("td", {}, el("time", {datetime: e.timestamp, title: exact(e.timestamp),
+                                   text: "+" + duration(offset)})),
+          el("td", {text: e.type}), el("td", {}, collapsible(JSON.stringify(p), false))));
       });
     }
 
@@ -330,26 +624,44 @@ var saga = (function () {
       box.appendChild(el("p", {"class": result.ok ? "ok" : "bad", "data-ok": String(result.ok),
         text: result.ok ? "verified: the hash chain is intact and replay reproduces every decision"
                         : "NOT verified"}));
-      box.appendChild(el("pre", {text: json(result)}));
+      box.appendChild(collapsible(json(result), false));
     }
+
+    function draw() {
+      var run = current.run, layout = current.layout;
+      var keys = stepKeys(run, layout);
+      summary(run, layout, keys);
+      steps(run, layout, keys);
+    }
+
+    document.getElementById("failed-only").addEventListener("change", function (e) {
+      failedOnly = e.target.checked;
+      if (current) draw();
+    });
 
     var last = 0;
     function load() {
       return Promise.all([api(base), api(base + "/graph?format=json"), api(base + "/events"),
                           api(base + "/verify")]).then(function (r) {
-        summary(r[0]); steps(r[0]); graph(r[1]); timeline(r[2]); historyTable(r[2]); audit(r[3]);
+        var layout = r[1];
+        layout.byId = {};
+        layout.nodes.forEach(function (n) { layout.byId[n.id] = n; });
+        current = {run: r[0], layout: layout};
+        draw(); graph(layout); timeline(r[2]); historyTable(r[2]); audit(r[3]);
+        document.getElementById("notice").hidden = true;
         if (r[2].length) last = r[2][r[2].length - 1].version;
         return r[0];
       }).catch(function (e) {
-        document.getElementById("summary").textContent = e.message;
+        showError(e.message);
       });
     }
     var refresh = debounce(load, 150);
+    refreshTimes();
     load().then(function (run) {
-      if (run && ["completed", "failed", "compensated", "cancelled"].indexOf(run.status) < 0)
+      if (run && FINISHED.indexOf(run.status) < 0)
         follow(base + "/events?after=" + last, refresh, refresh);
     });
   }
 
-  return {listPage: listPage, runPage: runPage, api: api};
+  return {listPage: listPage, runPage: runPage, api: api, ago: ago};
 })();
