@@ -105,7 +105,9 @@ def links(plan: Any) -> list[dict[str, Any]]:
     out = [{"from": s, "to": t, "kind": "flow", "label": _condition(plan, s, t)}
            for s, t in plan.graph.edges if s in ids and t in ids]
     if isinstance(plan, GraphPlan):
-        out += [{"from": e.source, "to": e.target, "kind": "loop", "label": "loop"}
+        out += [{"from": e.source, "to": e.target, "kind": "loop",
+                 "label": "loop" + (f" if {e.condition.field} {e.condition.operator} "
+                                    f"{e.condition.value!r}" if e.condition else "")}
                 for e in plan.model.edges if e.is_loop_edge and {e.source, e.target} <= ids]
     undoable = {s for s in plan.order if _undo(plan, s)}
     for step_id in plan.order:
@@ -169,7 +171,8 @@ def mermaid(plan: Any, run: Any | None = None, not_undone: Iterable[str] = ()) -
         if link["kind"] == "undo":
             lines.append(f"    {undo_ids[a]} -.->|then| {undo_ids[b]}")
         elif link["kind"] == "loop":
-            lines.append(f"    {ids[a]} -.->|loop| {ids[b]}")
+            text = link["label"].replace('"', "'").replace("|", "/")
+            lines.append(f'    {ids[a]} -.->|"{text}"| {ids[b]}')
         elif link["label"]:
             text = link["label"].replace('"', "'").replace("|", "/")
             lines.append(f'    {ids[a]} -->|"{text}"| {ids[b]}')
@@ -220,7 +223,7 @@ def dot(plan: Any, run: Any | None = None, not_undone: Iterable[str] = ()) -> st
             lines.append(f'    "{a}~undo" -> "{b}~undo" [style=dashed, color="#7b2cbf", '
                          'label="then"];')
         elif link["kind"] == "loop":
-            lines.append(f'    "{a}" -> "{b}" [style=dotted, label="loop"];')
+            lines.append(f'    "{a}" -> "{b}" [style=dotted, label="{_dot_text(link["label"])}"];')
         elif link["label"]:
             lines.append(f'    "{a}" -> "{b}" [label="{_dot_text(link["label"])}"];')
         else:

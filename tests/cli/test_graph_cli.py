@@ -52,3 +52,14 @@ def test_graph_of_a_file_and_of_a_run(tmp_path: Path) -> None:
     assert '"charge~undo" -> "reserve~undo"' in out
     code, out = cli(["graph", run_id], tmp_path)
     assert "classDef compensated" in out and "class n0,n1 compensated" in out
+
+
+def test_graph_form_edges_carry_their_conditions_and_loops(tmp_path: Path) -> None:
+    debug = ROOT / "tests" / "seeds" / "004_debug_loop.yaml"
+    args = ["--tools", "tests.standins.graph_standins"]
+    code, out = cli(["graph", str(debug), *args], tmp_path)
+    assert code == 0, out
+    assert '''n3 -->|"branch_outcome == 'on_true'"| n4''' in out
+    assert '''n3 -.->|"loop if branch_outcome == 'on_false'"| n0''' in out
+    code, out = cli(["graph", str(debug), "--format", "dot", *args], tmp_path)
+    assert '''"check" -> "analyze" [style=dotted, label="loop if branch_outcome == ''' in out
