@@ -5,6 +5,8 @@ conditions and undo path, folded outputs, the failed-only filter and relative ti
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from selenium import webdriver
@@ -200,3 +202,22 @@ def test_cancelled_is_not_painted_as_failed(sqlite_server: Server,
         "document.body.appendChild(s); return getComputedStyle(s).backgroundColor;")
     assert browser.execute_script(
         "return getComputedStyle(arguments[0]).backgroundColor;", cancelled) != failed
+
+
+def test_a_parent_waiting_for_its_child_links_to_the_child(make_server: Any, tmp_path: Path,
+                                                           browser: webdriver.Chrome) -> None:
+    folder = tmp_path / "templates"
+    folder.mkdir()
+    (folder / "gated_child.yaml").write_text(json.dumps(GATED), encoding="utf-8")
+    server = make_server(SAGA_TEMPLATES=str(folder))
+    parent = start(server, {"composition": {"name": "parent", "steps": [
+        {"id": "nested", "use": "gated_child"}]}},
+        lambda r: bool(r.get("waiting_for_children")))
+    browser.get(f"{server.url}/runs/{parent['run_id']}")
+    note = wait(browser, "#summary .child-wait")[0]
+    child = parent["waiting_for_children"][0]["run_id"]
+    assert note.get_attribute("data-child") == child
+    assert "waits for approval of deploy" in note.text
+    assert not browser.find_elements(By.CSS_SELECTOR, "[data-approval]")  # decided there
+    note.find_element(By.TAG_NAME, "a").click()
+    wait(browser, '[data-approval="deploy"] [data-action="approve"]')

@@ -287,13 +287,13 @@ var saga = (function () {
     }
 
     var CONTROLS = {
-      retry: {label: "Retry", text: "Run the failed steps again, keeping the completed ones.",
+      retry: {label: "Retry…", verb: "Retry", text: "Run the failed steps again, keeping the completed ones.",
               field: "Reason", danger: false},
-      compensate: {label: "Undo", text: "Undo the completed steps, newest first.",
+      compensate: {label: "Undo…", verb: "Undo", text: "Undo the completed steps, newest first.",
                    field: "Reason", danger: true},
-      cancel: {label: "Cancel run", text: "Stop the run and undo its completed steps.",
+      cancel: {label: "Cancel run…", verb: "Cancel run", text: "Stop the run and undo its completed steps.",
                field: "Reason", danger: true},
-      pause: {label: "Pause", text: "No new step starts; attempts in flight finish.",
+      pause: {label: "Pause…", verb: "Pause", text: "No new step starts; attempts in flight finish.",
               field: "Reason", danger: false},
       unpause: {label: "Resume", text: "Let the run go on.", field: null, danger: false}
     };
@@ -336,13 +336,24 @@ var saga = (function () {
         buttons.appendChild(el("button", {"class": c.danger ? "danger" : null,
           "data-action": a.action, text: c.label, onclick: function () {
             if (!c.field) { act("/" + a.action); return; }
-            ask(c.label + " run " + run.run_id + "?", c.text, c.field, c.label, c.danger)
+            ask(c.verb + " run " + run.run_id + "?", c.text, c.field, c.verb, c.danger)
               .then(function (reason) {
                 if (reason !== null) act("/" + a.action, reason ? {reason: reason} : {});
               });
           }}));
       });
       box.appendChild(buttons);
+      (run.waiting_for_children || []).forEach(function (w) {
+        // a decision a child run waits for is made on the child's page
+        var what = (w.waiting_for || []).map(function (x) {
+          return x.approval !== undefined ? "approval of " + x.step : x.signal ? "signal " + x.signal
+            : x.child ? "its child run" : "a timer";
+        }).join(", ");
+        box.appendChild(el("p", {"class": "child-wait", "data-child": w.run_id},
+          "step " + w.step + " waits for child run ",
+          el("a", {href: "/runs/" + encodeURIComponent(w.run_id), text: w.run_id}),
+          what ? ", which waits for " + what : ""));
+      });
       var approvals = document.getElementById("approvals");
       approvals.textContent = "";
       var asked = {};
