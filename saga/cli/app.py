@@ -24,10 +24,15 @@ import click
 
 from saga.config import load_settings
 from saga.errors import SagaError
+from saga.lazy import lazy
 from saga.telemetry import logs
 
 if TYPE_CHECKING:
+    import difflib
+
     from saga.api import Saga
+else:
+    difflib = lazy("difflib")  # only a misspelt command needs it
 
 
 #: Whether :func:`run` has the cyclic collector off while a command's modules import.
@@ -120,8 +125,6 @@ class _Group(click.Group):
         try:
             resolved = super().resolve_command(ctx, args)
         except click.UsageError as e:  # `saga rnu`: name the command they meant
-            import difflib
-
             close = difflib.get_close_matches(args[0] if args else "",
                                               self.list_commands(ctx), n=3, cutoff=0.6)
             if close:

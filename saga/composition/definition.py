@@ -474,6 +474,13 @@ def did_you_mean(name: str, known: Iterable[str]) -> str:
     return " or ".join(repr(c) for c in close)
 
 
+def unknown_tool(name: str, tools: Iterable[str]) -> str:
+    """What a composition is told about a tool that is not there: its name, and the
+    available tools its spelling is close to."""
+    close = did_you_mean(name, tools)
+    return f"unknown tool {name!r}" + (f"; did you mean {close}?" if close else "")
+
+
 @functools.cache
 def _known_keys(of: type[BaseModel] | None = None) -> frozenset[str]:
     """The keys of one model of the composition language (a step's, the document's), or

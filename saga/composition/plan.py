@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from saga import expressions, secrets
 from saga.chain import definition_hash
 from saga.composition.dag import StepGraph
-from saga.composition.definition import Definition, Step, ToolCall, build, did_you_mean
+from saga.composition.definition import Definition, Step, ToolCall, build, unknown_tool
 from saga.errors import DefinitionError, ExpressionError, Problem
 from saga.lazy import lazy
 
@@ -409,13 +409,6 @@ def _semantic_problems(definition: Definition, graph: StepGraph,
             problems.append(Problem(f"confirmations[{i}].step",
                                     f"unknown step {confirmation.step!r}"))
     return problems
-
-
-def unknown_tool(name: str, tools: Iterable[str]) -> str:
-    """What a composition is told about a tool that is not there: its name, and the
-    available tools its spelling is close to."""
-    close = did_you_mean(name, tools)
-    return f"unknown tool {name!r}" + (f"; did you mean {close}?" if close else "")
 
 
 def _malformed_step_tools(raw_steps: RawSteps, checked: set[int],

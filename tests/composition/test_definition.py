@@ -478,14 +478,16 @@ def test_unknown_key_is_an_error_naming_the_key() -> None:
                                       {"id": "b", "tool": "t", "depend_on": ["a"]}]}
 
     assert problems_of(data) == [
-        Problem("steps[1].depend_on", "unknown key (not part of the composition language)")]
+        Problem("steps[1].depend_on", "unknown key (not part of the composition language); "
+                                      "did you mean 'depends_on'?")]
 
 
 def test_unknown_top_level_key_is_an_error() -> None:
     problems = problems_of({"name": "typo", "step": [{"id": "a", "tool": "t"}]})
 
     assert sorted(p.path for p in problems) == ["step", "steps"]
-    assert Problem("step", "unknown key (not part of the composition language)") in problems
+    assert Problem("step", "unknown key (not part of the composition language); "
+                           "did you mean 'steps'?") in problems
 
 
 @pytest.mark.parametrize("on_error", ["fail", "continue", "compensate", "retry:3", "retry:10"])

@@ -75,7 +75,8 @@ def test_seed_001_needs_its_three_tools() -> None:
     problems = rejected(parse_text(SEED_001_COMPOSITION),
                         tools={"checkpoint_search", "context_fold"})
 
-    assert problems == [Problem("steps[2].tool", "unknown tool 'checkpoint_save'")]
+    assert problems == [Problem("steps[2].tool", "unknown tool 'checkpoint_save'; "
+                                                 "did you mean 'checkpoint_search'?")]
 
 
 def test_seed_001_dag_example_levels() -> None:
@@ -285,7 +286,8 @@ def test_every_problem_is_reported_together_with_its_path() -> None:
     assert ("steps[3].id", "duplicate id 'a' (first at steps[0])") in found
     assert ("steps[2].depends_on", "unknown step 'ghost'") in found
     assert ("steps", "dependency cycle: a -> b -> a") in found
-    assert ("steps[5].depend_on", "unknown key (not part of the composition language)") in found
+    assert ("steps[5].depend_on", "unknown key (not part of the composition language); "
+                                  "did you mean 'depends_on'?") in found
     assert ("steps[6].on_error", "must be fail, continue, compensate or retry:N") in found
     assert ("steps[7]", ONE_ACTION) in found
     assert ("inputs[1]", "default 'other' is invalid: must be one of ['a', 'b']") in found
@@ -313,7 +315,8 @@ def test_model_and_graph_problems_are_reported_together() -> None:
         Problem("steps", "dependency cycle: a -> b -> a"),
         Problem("steps[2].depends_on", "unknown step 'ghost'"),
         Problem("steps[3].id", "duplicate id 'a' (first at steps[0])"),
-        Problem("steps[4].depend_on", "unknown key (not part of the composition language)"),
+        Problem("steps[4].depend_on", "unknown key (not part of the composition language); "
+                                      "did you mean 'depends_on'?"),
         Problem("steps[5].on_error", "must be fail, continue, compensate or retry:N"),
         Problem("steps[6]", ONE_ACTION),
     ]
