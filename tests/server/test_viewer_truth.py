@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -31,12 +32,22 @@ def start(server: Server, body: dict[str, Any], done: Any = None) -> dict[str, A
 
 
 def statuses(driver: webdriver.Chrome, css: str) -> dict[str, str]:
-    return {e.get_attribute("data-step"): e.get_attribute("data-status")
-            for e in driver.find_elements(By.CSS_SELECTOR, css)}
+    """Each step's status as the page shows it, read in one go (the page redraws live)."""
+    return dict(driver.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0]))"
+        ".map(e => [e.dataset.step, e.dataset.status]);", css))
+
+
+def listed(driver: webdriver.Chrome) -> list[str]:
+    """The run ids the list shows, in order, read in one go."""
+    return list(driver.execute_script(
+        "return Array.from(document.querySelectorAll('tr[data-run]'))"
+        ".map(r => r.dataset.run);"))
 
 
 def until(driver: webdriver.Chrome, check: Any, seconds: float = 20) -> Any:
-    return WebDriverWait(driver, seconds).until(lambda d: check(d) or False)
+    return WebDriverWait(driver, seconds, ignored_exceptions=(
+        StaleElementReferenceException,)).until(lambda d: check(d) or False)
 
 
 def test_a_step_whose_undo_failed_is_not_undone_everywhere(sqlite_server: Server,
@@ -129,29 +140,24 @@ def test_the_list_searches_by_prefix_and_pages(sqlite_server: Server,
     wait(browser, "tr[data-run]")
     seen: list[str] = []
     for _ in range(3):
-        rows = browser.find_elements(By.CSS_SELECTOR, "tr[data-run]")
-        seen += [r.get_attribute("data-run") for r in rows]
+        seen += listed(browser)
         older = browser.find_element(By.CSS_SELECTOR, '[data-page="older"]')
         if older.get_attribute("disabled"):
             break
         older.click()
         before = list(seen)
-        until(browser, lambda d, before=before: d.find_element(
-            By.CSS_SELECTOR, "tr[data-run]").get_attribute("data-run") not in before)
+        until(browser, lambda d, before=before: listed(d) and listed(d)[0] not in before)
     assert sorted(seen) == sorted(ids) and len(seen) == 6
     assert browser.find_element(By.CSS_SELECTOR, '[data-page="older"]').get_attribute("disabled")
     box = browser.find_element(By.CSS_SELECTOR, 'input[name="prefix"]')
     box.send_keys("batch-")
     browser.find_element(By.CSS_SELECTOR, '#filters button[type="submit"]').click()
-    until(browser, lambda d: {r.get_attribute("data-run") for r in
-                              d.find_elements(By.CSS_SELECTOR, "tr[data-run]")}
-          == {"batch-4", "batch-3"})  # the first page of the five, newest first
+    until(browser, lambda d: listed(d) == ["batch-4", "batch-3"])  # newest first
     assert "prefix=batch-" in browser.current_url
     # relative times, the exact one on hover
-    started = browser.find_element(By.CSS_SELECTOR, "tr[data-run] time")
-    assert "UTC" in (started.get_attribute("title") or "")
-    assert started.text == "just now" or started.text.endswith("ago")
-    assert "." not in started.text
+    title, text = browser.execute_script(
+        "var t = document.querySelector('tr[data-run] time'); return [t.title, t.textContent];")
+    assert "UTC" in title and (text == "just now" or text.endswith("ago")) and "." not in text
 
 
 def test_the_graph_fits_zooms_and_draws_conditions_and_undo(sqlite_server: Server,
