@@ -67,6 +67,7 @@ def test_the_wheel_installs_into_a_fresh_venv_and_runs(tmp_path: Path) -> None:
     names = archive.namelist()
     assert "saga/py.typed" in names and any(n.endswith("licenses/LICENSE") for n in names)
     assert sum(n.startswith("saga/templates/") for n in names) >= 10
+    assert "saga/tools/demo_mcp.py" in names  # the mcp-tools template's server
     metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA")))
     assert b"Project-URL: Homepage, https://" in metadata
 

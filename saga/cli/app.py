@@ -174,9 +174,14 @@ def _error_lines(error: SagaError) -> list[str]:
     text = " ".join(str(error).split())
     problems = [" ".join(str(p).split()) for p in getattr(error, "problems", None) or ()]
     detail = "; ".join(problems)
-    if len(problems) < 2 or not text.endswith(": " + detail):
-        return ["error: " + text]
-    return ["error: " + text[:-len(detail) - 2] + ":", *("  " + p for p in problems)]
+    lines = ["error: " + text]
+    if len(problems) > 1 and text.endswith(": " + detail):
+        lines = ["error: " + text[:-len(detail) - 2] + ":", *("  " + p for p in problems)]
+    template = re.fullmatch(r"template '([^']+)'", str(getattr(error, "source", None) or ""))
+    if template:  # a built-in template is invalid here only for what its setup gives it
+        lines.append(f"  its setup (the saga.toml it needs): saga templates show "
+                     f"{template.group(1)}")
+    return lines
 
 
 def _quiet_stdout() -> None:

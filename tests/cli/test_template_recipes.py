@@ -79,3 +79,6 @@ def test_a_template_error_names_the_template_not_its_path(tmp_path: Path) -> Non
     assert done.returncode == 2
     assert "template 'money-transfer' is invalid" in done.stderr
     assert str(TEMPLATES_DIR) not in done.stderr and "site-packages" not in done.stderr
+    # and where to find what it lacks
+    assert done.stderr.splitlines()[-1] == \
+        "  its setup (the saga.toml it needs): saga templates show money-transfer"
