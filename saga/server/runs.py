@@ -17,6 +17,7 @@ from saga import audit, diagram, report
 from saga.api import Saga
 from saga.composition import Plan, plan_of
 from saga.composition.library import find_template
+from saga.domain import RUN_STATUSES
 from saga.errors import InputError, Problem
 from saga.scheduler.policy import not_undone
 from saga.server.service import Service, log, named
@@ -124,6 +125,9 @@ def list_runs(request: Request, status: str | None = None, definition: str | Non
     """Runs, newest first, filtered by status, definition, actor, labels (``key=value``,
     all must match), start time and ``prefix`` (of the run's id or chosen name); a page
     of ``limit`` from ``offset`` on."""
+    if status is not None and status not in RUN_STATUSES:  # as saga list --status says
+        raise InputError([Problem("status", f"unknown status {status!r} (one of "
+                                            f"{', '.join(RUN_STATUSES)})")])
     labels = {}
     for pair in label or ():
         key, sep, value = pair.partition("=")

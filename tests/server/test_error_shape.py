@@ -39,6 +39,9 @@ def test_every_error_is_error_and_detail(client: TestClient) -> None:
     assert {p["path"] for p in answer["problems"]} >= {"body.bogus"}, answer  # type: ignore[union-attr]
     r = client.get("/api/v1/runs", params={"limit": "many"})
     _shape(r.json(), 422, r.status_code, "InputError")
+    r = client.get("/api/v1/runs", params={"status": "bogus"})  # not an empty list
+    assert "unknown status 'bogus'" in _shape(r.json(), 422, r.status_code,
+                                              "InputError")["detail"]  # type: ignore[operator]
     r = client.get("/api/v1/runs/NO-SUCH-RUN")  # a saga error, as before
     _shape(r.json(), 404, r.status_code, "RunNotFoundError")
     r = client.get("/static/nothing.js")
