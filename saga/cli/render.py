@@ -283,6 +283,8 @@ class _Progress:
         self._live: Any = None
         self._started = time.monotonic()
         self.run_id: str | None = None
+        #: The run the commits are of, shown or not (what Ctrl-C names, --json too).
+        self.recorded: str | None = None
         self._run: Run | None = None
 
     def __enter__(self) -> _Progress:
@@ -302,6 +304,7 @@ class _Progress:
 
     def update(self, run: Run, events: list[Any]) -> None:
         """Show what the commit that just happened recorded."""
+        self.recorded = run.run_id
         if not self.enabled:
             return
         try:

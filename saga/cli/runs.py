@@ -158,7 +158,7 @@ def _run_file(saga: Saga, file: str, options: dict[str, Any]) -> None:
                               on_events=progress.update, queue=options["queue"],
                               priority=options["priority"])
     except KeyboardInterrupt:
-        _interrupted(saga, progress.run_id or options["run_id"])
+        _interrupted(saga, progress.recorded or options["run_id"])
         sys.exit(130)  # the shell's code for a command ended by SIGINT
     _finish(result, as_json)
 

@@ -181,6 +181,18 @@ steps:
     assert "Aborted!" not in err and "Traceback" not in err
     assert "interrupted: run CC-1 (slow) is left running, steps in flight: nap" in err
     assert "saga resume CC-1" in err and "saga worker" in err and "saga status CC-1" in err
+    # with --json and an id saga chose, the run is named all the same
+    calls.write_text("")
+    quiet = subprocess.Popen([sys.executable, "-m", "saga.cli", "run", str(flow), "--json"],
+                             cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    while not calls.read_text():  # its first step has run: the run is recorded
+        assert quiet.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    quiet.send_signal(signal.SIGINT)
+    _, err = quiet.communicate(timeout=60)
+    assert quiet.returncode == 130 and "interrupted: run " in err and "(slow) is left" in err, err
+    calls.write_text("first\n")
     # a new process reads what this one left, and finishes it without calling first again
     status = json.loads(_saga(["status", "CC-1", "--json"], tmp_path).stdout)
     assert status["status"] == "running"
