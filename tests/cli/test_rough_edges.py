@@ -19,6 +19,8 @@ from click.testing import CliRunner, Result
 
 from saga.cli import main
 from saga.cli.render import _ago
+from saga.config import Settings
+from tests.server.conftest import store_env
 
 
 def invoke(home: Path, *args: str) -> Result:
@@ -124,9 +126,10 @@ def _env(cwd: Path) -> dict[str, str]:
                   "SAGA_LEASE_SECONDS": "2"}
 
 
-def _saga(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "saga.cli", *args], cwd=cwd, env=_env(cwd),
-                          capture_output=True, text=True, timeout=120)
+def _saga(args: list[str], cwd: Path,
+          env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "saga.cli", *args], cwd=cwd,
+                          env=env or _env(cwd), capture_output=True, text=True, timeout=120)
 
 
 def _reader_gone(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -154,7 +157,8 @@ def test_a_reader_going_away_is_silent(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_in_run_says_what_it_left_and_another_process_finishes_it(
-        tmp_path: Path) -> None:
+        tmp_path: Path, settings: Settings) -> None:
+    env = store_env(settings, SAGA_ACTOR="ops")
     calls = tmp_path / "calls.txt"
     flow = tmp_path / "slow.yaml"
     flow.write_text(f"""\
@@ -168,7 +172,7 @@ steps:
     args: {{seconds: 4}}
 """)
     proc = subprocess.Popen([sys.executable, "-m", "saga.cli", "run", str(flow), "--id", "CC-1"],
-                            cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE,
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     deadline = time.monotonic() + 60
@@ -184,7 +188,7 @@ steps:
     # with --json and an id saga chose, the run is named all the same
     calls.write_text("")
     quiet = subprocess.Popen([sys.executable, "-m", "saga.cli", "run", str(flow), "--json"],
-                             cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE,
+                             cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     while not calls.read_text():  # its first step has run: the run is recorded
         assert quiet.poll() is None and time.monotonic() < deadline
@@ -194,11 +198,11 @@ steps:
     assert quiet.returncode == 130 and "interrupted: run " in err and "(slow) is left" in err, err
     calls.write_text("first\n")
     # a new process reads what this one left, and finishes it without calling first again
-    status = json.loads(_saga(["status", "CC-1", "--json"], tmp_path).stdout)
+    status = json.loads(_saga(["status", "CC-1", "--json"], tmp_path, env).stdout)
     assert status["status"] == "running"
     deadline = time.monotonic() + 60
     while True:
-        resumed = _saga(["resume", "CC-1", "--json"], tmp_path)
+        resumed = _saga(["resume", "CC-1", "--json"], tmp_path, env)
         if resumed.returncode == 0 or time.monotonic() > deadline:
             break
         time.sleep(0.2)  # the interrupted process's lease lapses (SAGA_LEASE_SECONDS=2)
