@@ -14,12 +14,13 @@ must happen:
   confirmation's ``default: false`` at its timeout) fails the step; a tool that fails its
   first ``fail_times`` attempts fails for good when that exceeds ``retries`` (one more
   attempt per redrive by ``saga retry``);
-- a failure for good with ``on_error: continue`` is recorded and the run goes on; any
-  other stops the run: with rollback, exactly the completed steps that can be undone
-  (a ``compensate``, the tool's own undo, a child run, a written file) are compensated in
-  reverse completion order, and the run ends ``compensated``, or ``failed`` when one of
-  those compensations fails or there was nothing to undo; without rollback it ends
-  ``failed`` and a redrive may continue it;
+- ``on_error: retry:N`` gives N retries; a failure for good with ``on_error: continue``
+  is recorded and the run goes on; any other stops the run (``on_error: compensate``
+  rolls back even when ``rollback_on_failure`` is false): with rollback, exactly the
+  completed steps that can be undone (a ``compensate``, the tool's own undo, a child
+  run, a written file) are compensated in reverse completion order, and the run ends
+  ``compensated``, or ``failed`` when one of those compensations fails or there was
+  nothing to undo; without rollback it ends ``failed`` and a redrive may continue it;
 - with no failure the run ends ``completed``.
 
 **Where timing decides, the oracle gives a set of allowed outcomes**, not one:
@@ -96,7 +97,10 @@ def _fails(step: dict[str, Any], redrives: int) -> bool:
     if step["kind"] == "act":
         if step.get("confirm") in ("reject", "default_false"):
             return True
-        return int(step["fail_times"]) > (int(step["retries"]) + 1) * (1 + redrives) - 1
+        retries = int(step["retries"])
+        if str(step.get("on_error") or "").startswith("retry:"):
+            retries = int(step["on_error"].split(":")[1])
+        return int(step["fail_times"]) > (retries + 1) * (1 + redrives) - 1
     if step["kind"] == "use":
         return bool(step.get("child_fails"))
     return False
@@ -128,6 +132,7 @@ def expect(case: dict[str, Any], *, cancelled: bool = False, interrupted: set[st
     completed: list[str] = []
     failed = False
     uncertain = False  # timing made some step's outcome a set: check undo from the log
+    forced = False  # on_error: compensate rolls back even without rollback_on_failure
     for unit in _units(case):
         if failed:
             for s in unit:
@@ -147,6 +152,7 @@ def expect(case: dict[str, Any], *, cancelled: bool = False, interrupted: set[st
                 steps[sid] = {"failed"}
                 if s.get("on_error") != "continue":
                     stop = True
+                    forced = forced or s.get("on_error") == "compensate"
                 continue
             steps[sid] = {"completed"}
             completed.append(sid)
@@ -163,7 +169,7 @@ def expect(case: dict[str, Any], *, cancelled: bool = False, interrupted: set[st
                         else {"compensated", "failed"})
     if not failed:
         return Expected({"completed"}, steps)
-    if not case["rollback"]:
+    if not case["rollback"] and not forced:
         return Expected({"failed"}, steps)
     undo = [sid for sid in reversed(completed) if undoable(case, sid)]
     for sid in undo:
@@ -311,9 +317,12 @@ def act_steps(draw: st.DrawFn, *, plain: bool = False) -> dict[str, Any]:
                                                          "none", "failing"])),
             "retries": retries, "fail_times": fail_times,
             "whole": draw(st.booleans()),
-            "on_error": draw(st.sampled_from([None, None, None, "continue"])),
+            "on_error": draw(st.sampled_from([None, None, None, None, "continue", "compensate",
+                                              "retry:2"])),
             "when": draw(st.sampled_from([None, None, None, True, False])),
             "slow": draw(st.sampled_from([0, 0, 0, 0.3, 0.8]))}
+    if step["on_error"] == "retry:2":
+        step["retries"] = 0  # on_error says how often
     if not plain:
         step["confirm"] = draw(st.sampled_from([None] * 8 + ["approve", "reject",
                                                              "default_true", "default_false"]))
@@ -442,6 +451,9 @@ TARGETED: dict[str, dict[str, Any]] = {
                    [[0.3, "churn"], [2.0, "churn"], [4.0, "churn"]], 106, workers=2),
     # a new break: a cancel while a call is in flight in a live worker
     "cancel_in_flight": _case([_a("s0"), _a("s1", slow=1.0)], [[0.5, "cancel"]], 108),
+    # a new break: saga resume beside the live worker, during a step's retries
+    "resume_beside_worker": _case([_a("s0", undo="none", retries=2, fail_times=2, slow=0.3)],
+                                  [[0.43, "resume"]], 111),
     # a run timeout while a child sleeps: the run is undone, and so is the child
     "timeout_child": _case([_a("s0"), {"id": "s1", "kind": "use", "child_steps": 1,
                                        "child_sleep": 6, "child_fails": False},

@@ -103,6 +103,12 @@ def test_the_oracle_on_hand_made_cases() -> None:
     assert model.expect(cont).steps == {"a": {"failed"}, "b": {"completed"}}
     nothing = {"steps": [act("a", undo="none"), act("b", fail_times=1)], "rollback": True}
     assert model.expect(nothing).statuses == {"failed"}
+    forced = {"steps": [act("a"), act("b", fail_times=9, on_error="compensate")],
+              "rollback": False}
+    assert model.expect(forced).undo == ["a"]
+    retried = {"steps": [act("a"), act("b", fail_times=2, on_error="retry:2")],
+               "rollback": True}
+    assert model.expect(retried).statuses == {"completed"}
     rejected = {"steps": [act("a"), act("b", confirm="reject")], "rollback": True}
     assert model.expect(rejected).undo == ["a"]
     assert model.expect(rejected, cancelled=True).statuses == {"cancelled"}
