@@ -214,8 +214,10 @@ def _act(s: dict[str, Any]) -> dict[str, Any]:
 
 
 def graph_eligible(case: dict[str, Any]) -> bool:
-    """Whether the case is a plain chain the graph form can say the same way."""
-    return all(s["kind"] == "act" and not s.get("confirm") and s.get("when") is None
+    """Whether the case is a plain chain the graph form can say the same way (the graph
+    form always rolls back on failure: it has no ``rollback_on_failure``)."""
+    return bool(case["rollback"]) and not case.get("timeout") and all(
+        s["kind"] == "act" and not s.get("confirm") and s.get("when") is None
                and not s.get("group") and not s["retries"] and not s.get("slow")
                and not s.get("on_error") and s["fail_times"] in (0, 9)
                for s in case["steps"])
