@@ -61,7 +61,7 @@ PHASES = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target] + (
     [Phase.shrink] if os.environ.get("SIM_SHRINK", "1") != "0" else [])
 
 if MINUTES:
-    CASES = model.cases(max_steps=30, long_chain=300, horizon=20.0, churn=True)
+    CASES = model.cases(max_steps=30, long_chain=300, horizon=8.0, churn=True)
     BUDGET = hsettings(max_examples=max(1, int(MINUTES * 8)), deadline=None, database=None,
                        phases=PHASES, suppress_health_check=list(HealthCheck))
 else:

@@ -62,7 +62,7 @@ def test_generated_cases_keep_every_promise(store: str) -> None:
             # is replayed with --case); the CI budget stops and shrinks instead
             found.append(str(e).split("\n", 1)[0] + f" (case salt {case['salt']})")
 
-    cases = model.cases(max_steps=30, long_chain=300, horizon=20.0, churn=True,
+    cases = model.cases(max_steps=30, long_chain=300, horizon=8.0, churn=True,
                         restarts=store == "pgrestart") if MINUTES else CASES
     seed(SEED)(BUDGET(given(case=cases)(one)))()
     assert not found, f"{len(found)} failing case(s), saved under {FAILURES}:\n" + \
