@@ -11,7 +11,7 @@ import getpass
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlparse
@@ -124,6 +124,9 @@ class Settings:
     #: ``[database] partitions``, ``SAGA_DATABASE_PARTITIONS``); ``database_url`` is the
     #: first, which also holds the side tables (leases, schedules, cache, undo store).
     partitions: tuple[str, ...] = ()
+    #: The tenant this store is (saga.toml ``[tenants.NAME]``, ``SAGA_TENANT``); the
+    #: configured store itself is ``default`` (see :func:`tenant_settings`).
+    tenant: str = "default"
     file: dict[str, Any] = field(default_factory=dict)
 
     def expression_limits(self) -> dict[str, Any]:
@@ -288,7 +291,62 @@ def load_settings(env: Mapping[str, str] | None = None, cwd: Path | None = None,
     if settings.partitions and (settings.database_url != settings.partitions[0]
                                 or not settings.is_postgres):
         raise ConfigError("with partitions, the database URL is the first partition's")
+    if env.get("SAGA_TENANT"):
+        settings = tenant_settings(settings, env["SAGA_TENANT"])
     return settings
+
+
+DEFAULT_TENANT = "default"
+_TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,39}$")
+
+
+def tenant_names(settings: Settings) -> list[str]:
+    """The tenants saga.toml configures (``[tenants.NAME]``), after ``default``: the
+    configured store itself."""
+    table = settings.file.get("tenants") or {}
+    if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
+        raise ConfigError('[tenants] must hold tables: [tenants.acme] schema = "acme"')
+    for name in table:
+        if name == DEFAULT_TENANT:
+            raise ConfigError("[tenants.default]: the default tenant is the configured store "
+                              "itself ([database]); name the others")
+        if not _TENANT.match(str(name)):
+            raise ConfigError(f"[tenants.{name}]: a tenant's name is letters, digits, _ and - "
+                              "(up to 40, starting with a letter or digit)")
+    return [DEFAULT_TENANT, *(str(n) for n in table)]
+
+
+def tenant_settings(settings: Settings, name: str) -> Settings:
+    """The settings of tenant ``name``: a store of its own. ``[tenants.NAME]`` may give
+    ``database_url`` (another server; default the configured one) and ``schema``
+    (default ``tenant_NAME``) for PostgreSQL, or ``home`` (default
+    ``HOME/tenants/NAME``; a relative one is under the working directory) for a SQLite
+    file of its own."""
+    if name == settings.tenant:
+        return settings
+    if settings.tenant != DEFAULT_TENANT:
+        raise ConfigError(f"these settings are tenant {settings.tenant!r}'s (SAGA_TENANT), "
+                          f"not {name!r}'s")
+    if name not in tenant_names(settings):
+        raise ConfigError(f"no tenant {name!r}: saga.toml configures "
+                          f"{', '.join(tenant_names(settings))}")
+    if name == DEFAULT_TENANT:  # the configured store itself
+        return settings
+    spec: dict[str, Any] = settings.file["tenants"][name]
+    unknown = set(spec) - {"database_url", "schema", "home"}
+    if unknown:
+        raise ConfigError(f"[tenants.{name}] takes database_url, schema and home, "
+                          f"not {', '.join(sorted(unknown))}")
+    url = spec.get("database_url") or (settings.database_url if settings.is_postgres else None)
+    if url:
+        if not str(url).startswith(("postgres://", "postgresql://")):
+            raise ConfigError(f"[tenants.{name}] database_url must be a postgresql:// URL")
+        postgres_params(str(url))
+        return replace(settings, database_url=str(url), partitions=(), tenant=name,
+                       schema=str(spec.get("schema") or f"tenant_{name}"))
+    home = Path(str(spec.get("home") or settings.home / "tenants" / name))
+    return replace(settings, tenant=name,
+                   home=home if home.is_absolute() else Path.cwd() / home)
 
 
 def _partitions(env_value: str | None, table_value: Any) -> tuple[str, ...]:

@@ -38,6 +38,7 @@ from typing import Any
 from saga import audit
 from saga.api import Saga
 from saga.composition.library import TemplateInfo, find_template, list_templates, read_template
+from saga.config import DEFAULT_TENANT
 from saga.domain import RUN_STATUSES, TERMINAL, step_key
 from saga.errors import StoreUnavailableError
 from saga.projection import open_projection
@@ -269,7 +270,11 @@ def build_report(saga: Saga, *, since: str | None = None, until: str | None = No
     return Report(
         generated_at=_utc(now or datetime.now(UTC)),
         filters={"since": lo, "until": hi, "definition": definition, "actor": actor,
-                 "status": status, **({"labels": ", ".join(f"{k}={v}" for k, v in
+                 "status": status,
+                 # a tenant's report is of its store only (saga report --tenant)
+                 **({"tenant": saga.settings.tenant}
+                    if saga.settings.tenant != DEFAULT_TENANT else {}),
+                 **({"labels": ", ".join(f"{k}={v}" for k, v in
                                                             sorted(wanted.items()))}
                                        if wanted else {})},
         totals=totals, summary=summary,

@@ -102,6 +102,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                   'Check a composition; print its execution levels and critical path.'),
     'watch': ('saga.cli.service',
                "Follow events as they are recorded: one RUN's, or every run's."),
+    'token': ('saga.cli.tokens',
+               'API tokens of tenants: create (the secret is shown once), list, revoke.'),
     'worker': ('saga.cli.admin',
                 'Claim runnable runs and drive them (new, interrupted, approved, redriven).'),
 }

@@ -11,12 +11,11 @@ from saga import audit as audit_log
 from saga.cli.app import (
     FilePath,
     _emit_json,
-    _saga,
     json_option,
     main,
 )
 from saga.cli.runs import _labels
-from saga.config import load_settings
+from saga.config import load_settings, tenant_settings
 from saga.domain import RUN_STATUSES
 from saga.report import build_report, parse_moment, render
 
@@ -110,9 +109,12 @@ def export(run_id: str, fmt: str) -> None:
               help="Write the report to FILE instead of standard output.")
 @click.option("--label", "label_pairs", multiple=True, metavar="KEY=VALUE",
               help="Only runs with this label (repeatable: all must match).")
+@click.option("--tenant", metavar="NAME",
+              help="The runs of this tenant ([tenants.NAME] in saga.toml; SAGA_TENANT).")
 def report_command(since: str | None, until: str | None, definition: str | None,
                    actor: str | None, status_filter: str | None, fmt: str,
-                   output: str | None, label_pairs: tuple[str, ...]) -> None:
+                   output: str | None, label_pairs: tuple[str, ...],
+                   tenant: str | None) -> None:
     """A compliance report: outcomes, failures, compensations, durations, who did what, and
     whether each run's audit chain verifies.
 
@@ -126,7 +128,10 @@ def report_command(since: str | None, until: str | None, definition: str | None,
             parse_moment(value, name)
         except ValueError as e:
             raise click.UsageError(str(e)) from None
-    with _saga() as saga:
+    from saga.api import Saga  # the engine loads when a command needs it
+
+    settings = tenant_settings(load_settings(), tenant) if tenant else load_settings()
+    with Saga(settings) as saga:
         built = build_report(saga, since=since, until=until, definition=definition,
                              actor=actor, status=status_filter, labels=_labels(label_pairs))
     text = render(built, fmt)

@@ -25,9 +25,10 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from saga.config import Settings, load_settings
+from saga.config import DEFAULT_TENANT, Settings, load_settings
 from saga.errors import ConfigError, RunNotFoundError, SagaError
 from saga.server import compositions, runs, streams
+from saga.server import tokens as api_tokens
 from saga.server.service import (
     Service,
     Tokens,
@@ -41,6 +42,8 @@ VIEWER = Path(__file__).resolve().parent / "viewer"
 HEALTH = "/api/v1/health"
 #: The largest request body accepted (bytes; ``SAGA_API_MAX_BODY`` overrides).
 MAX_BODY = 1 << 20
+#: Who asks for the health of the service (anyone may).
+OPEN = api_tokens.Principal(DEFAULT_TENANT, "read", "anyone")
 _COOKIE = "saga_token"
 
 
@@ -59,14 +62,16 @@ class Guard:
         presented = _bearer(headers)
         if presented is None and safe:
             presented = _cookie(headers)
-        access = "write" if scope["path"] == HEALTH else self.tokens.access(presented)
-        if access is None:
+        # who it is: a tenant, a scope (read, operate, admin) and an actor
+        who = OPEN if scope["path"] == HEALTH else api_tokens.resolve(self.tokens, presented)
+        if who is None:
             await _deny(scope, receive, send, 401, "a valid bearer token is required")
             return
-        if not safe and access != "write":
-            await _deny(scope, receive, send, 403, "this token may read but not change runs")
+        refusal = who.refusal(scope.get("method", "GET"), scope["path"])
+        if refusal is not None:
+            await _deny(scope, receive, send, 403, refusal)
             return
-        scope.setdefault("state", {})["access"] = access
+        scope.setdefault("state", {}).update(access=who.access, principal=who)
         if scope["type"] == "http" and not safe:
             length = headers.get("content-length")
             if length and length.isdigit() and int(length) > self.max_body:
@@ -165,6 +170,7 @@ def create_app(settings: Settings | None = None, *, tools: tuple[str, ...] = (),
     app.include_router(runs.router)
     app.include_router(compositions.router)
     app.include_router(streams.router)
+    app.include_router(api_tokens.router)
     _metrics_route(app, service)
     _viewer_routes(app)
     return app

@@ -22,6 +22,7 @@ from saga.errors import InputError, Problem
 from saga.scheduler.policy import not_undone
 from saga.server.service import Service, log, named
 from saga.server.streams import run_event_stream, wants_stream
+from saga.server.tokens import tenant_service
 from saga.store.partitions import parts_of
 
 router = APIRouter(prefix="/api/v1", tags=["runs"])
@@ -79,9 +80,8 @@ class ScheduleRequest(_Body):
 
 
 def service(request: Request) -> Service:
-    """The service the app was built with."""
-    svc: Service = request.app.state.service
-    return svc
+    """The service of the caller's tenant (the app's own for the default tenant)."""
+    return tenant_service(request)
 
 
 def load_plan(saga: Saga, composition: dict[str, Any] | None, template: str | None) -> Plan:

@@ -21,7 +21,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from saga.api import Saga
-from saga.config import Settings
+from saga.config import DEFAULT_TENANT, Settings, tenant_names, tenant_settings
 from saga.errors import (
     ConfigError,
     DefinitionError,
@@ -30,6 +30,7 @@ from saga.errors import (
     RunStateError,
     SagaError,
 )
+from saga.store.tokens import TokenStore
 
 log = logging.getLogger("saga.server")
 _ACTOR = re.compile(r"^[\w.@:+/-]{1,100}$")
@@ -92,7 +93,14 @@ class Service:
                  tokens: Tokens | None = None, worker: bool = True, concurrency: int = 4,
                  poll: float = 0.1) -> None:
         self.settings, self.tools = settings, tools
-        self.tokens = tokens or Tokens.from_env()
+        # the environment's tokens, and the store's (saga token create), of any tenant
+        from saga.server.tokens import Credentials  # (it builds on this module)
+        given = tokens or Tokens.from_env()
+        self.tokens = given if isinstance(given, Credentials) else Credentials(
+            given.write, given.read, given.name, store=self._token_store)
+        self._tokens: TokenStore | None = None
+        self._tenants: dict[str, Service] = {}
+        self._tenants_lock = threading.Lock()
         self.saga = Saga(settings, tools=tools)
         self.with_worker, self.concurrency, self.poll = worker, concurrency, poll
         self._stop = threading.Event()
@@ -104,6 +112,9 @@ class Service:
         # to open it lazily.
         for part in ("app", "registry", "leases", "projection", "schedules", "cache"):
             getattr(self.saga, part)
+        if self.settings.tenant == DEFAULT_TENANT:  # each tenant's store has its worker
+            for name in tenant_names(self.settings)[1:]:
+                self.tenant(name)
         if self.with_worker and self._thread is None:
             self._thread = threading.Thread(target=self._work, name="saga-worker", daemon=True)
             self._thread.start()
@@ -112,10 +123,33 @@ class Service:
         """Stop the worker (its runs finish the calls in flight, for up to 30 s, and are
         continued by any worker) and release the store."""
         self._stop.set()
+        for child in list(self._tenants.values()):
+            child.stop()
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
         self.saga.close()
+
+    def tenant(self, name: str) -> Service:
+        """The service of tenant ``name`` (this one for its own), started with this one."""
+        if name == self.settings.tenant:
+            return self
+        with self._tenants_lock:
+            child = self._tenants.get(name)
+            if child is None:
+                child = Service(tenant_settings(self.settings, name), tools=self.tools,
+                                tokens=self.tokens, worker=self.with_worker,
+                                concurrency=self.concurrency, poll=self.poll)
+                child.start()
+                self._tenants[name] = child
+            return child
+
+    def _token_store(self) -> TokenStore:
+        """The token table, in the configured store (tokens of every tenant live there)."""
+        with self._tenants_lock:
+            if self._tokens is None:
+                self._tokens = TokenStore(self.saga.schedules.db)
+            return self._tokens
 
     @property
     def worker_alive(self) -> bool:
@@ -138,11 +172,14 @@ class Service:
         """Who a change is recorded as: the token's name, with the caller's
         ``X-Saga-Actor`` after it when given (``api:alice``)."""
         claimed = request.headers.get("x-saga-actor")
+        # a store token is recorded by its id and name (token:<id>:<name>)
+        found = request.scope.get("state", {}).get("principal")
+        name = getattr(found, "actor", None) or self.tokens.name
         if claimed is None:
-            return self.tokens.name
+            return name
         if not _ACTOR.match(claimed):
             raise InputError([Problem("X-Saga-Actor", "letters, digits and ._@:+/- (1 to 100)")])
-        return f"{self.tokens.name}:{claimed}"
+        return f"{name}:{claimed}"
 
 
 def http_error(status: int, detail: Any, **extra: Any) -> JSONResponse:

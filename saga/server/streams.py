@@ -22,6 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from saga.domain import ENDINGS, run_uuid
 from saga.errors import SagaError
 from saga.server.service import Service
+from saga.server.tokens import tenant_service
 from saga.views import LogReader, run_events_after
 
 log = logging.getLogger("saga.server")
@@ -123,7 +124,7 @@ def run_event_stream(request: Request, svc: Service, run_id: str, after: int
 def all_events(request: Request, after: int = Query(0, ge=0)) -> StreamingResponse:
     """Every run's events as Server-Sent Events, live; ids are positions in the store's
     notification log (reconnect with ``Last-Event-ID`` to go on)."""
-    svc: Service = request.app.state.service
+    svc: Service = tenant_service(request)
     reader = LogReader(svc.saga.app)
 
     def read(position: int) -> Frames:
@@ -189,7 +190,7 @@ async def websocket_events(websocket: WebSocket, run: str | None = None,
     ``step_completed``, ``step_skipped``, ``auto_heal_triggered``,
     ``confirmation_required``, ``skill_completed``, ``skill_failed``) as JSON messages:
     of every run, or of one (``?run=ID``, closed after it ends); from ``after``."""
-    svc: Service = websocket.app.state.service
+    svc: Service = tenant_service(websocket)
     reader = LogReader(svc.saga.app)
     await websocket.accept()
     try:
