@@ -33,6 +33,7 @@ from saga.errors import (
     ConcurrentWriteError,
     ExpressionError,
     InputError,
+    MigrationRefusedError,
     Problem,
     RunIdConflictError,
     RunNotFoundError,
@@ -62,8 +63,10 @@ if TYPE_CHECKING:
     from saga import audit, replay
     from saga import schedules as schedules_
     from saga import worker as worker_
+    from saga.executor import revisions as revise
 else:  # loaded when first used: a run started here needs none of them (saga.lazy)
     audit, replay = lazy("saga.audit"), lazy("saga.replay")
+    revise = lazy("saga.executor.revisions")
     schedules_, worker_ = lazy("saga.schedules"), lazy("saga.worker")
 
 log = logging.getLogger("saga")
@@ -435,6 +438,51 @@ class Saga:
             _refuse(run, "unpause")
             run.unpause(actor or self.settings.actor)
         return self._append(run_id, record)
+
+    # -- revising a run in flight (saga.executor.revisions) -----------------------------
+
+    def migrate(self, run_id: str, to: Plan | str | Path, *, dry_run: bool = False,
+                reason: str | None = None, actor: str | None = None) -> revise.MigrationCheck:
+        """Move a run in flight to the definition ``to`` when replaying its history with it
+        reproduces every recorded decision; ``dry_run``: only say whether it would.
+        MigrationRefusedError (nothing appended) names the first divergence."""
+        plan = to if isinstance(to, Plan) else self.load(to)
+        check = revise.migrate(self.app, self.resolve(run_id), plan, dry_run=dry_run,
+                               actor=actor or self.settings.actor, reason=reason)
+        if check.divergence is not None and not dry_run:
+            raise MigrationRefusedError(check.run_id, check.divergence.as_migration(), check)
+        return check
+
+    def migrate_all(self, definition: str, to: Plan | str | Path, *,
+                    statuses: tuple[str, ...] = ("waiting", "running", "paused"),
+                    dry_run: bool = False, reason: str | None = None,
+                    actor: str | None = None) -> list[revise.MigrationCheck]:
+        """Check every run of ``definition`` in one of ``statuses``; migrate the safe ones
+        (unless ``dry_run``). The others are returned with their first divergence."""
+        plan = to if isinstance(to, Plan) else self.load(to)
+        return [revise.migrate(self.app, run_id, plan, dry_run=dry_run, reason=reason,
+                               actor=actor or self.settings.actor)
+                for run_id in self.select(statuses=statuses, definition=definition)]
+
+    def reset(self, run_id: str, step_id: str, *, actor: str | None = None,
+              reason: str | None = None, on_events: EventHook | None = None,
+              drive: bool = True) -> Run:
+        """Re-run ``step_id`` and every step downstream of it: first undo those of them
+        that completed and can be undone (latest first), then run them again with new
+        idempotency keys (``drive``: here and now; else a worker continues it)."""
+        who = actor or self.settings.actor
+
+        def record(run: Run) -> None:
+            revise.record_reset(run, step_id, who, reason)
+        return self._command(run_id, record, on_events) if drive else \
+            self._append(run_id, record)
+
+    def label(self, run_id: str, changes: Mapping[str, str], *,
+              actor: str | None = None) -> Run:
+        """Change a run's labels as it runs: each key set to its value, removed when the
+        value is empty."""
+        return revise.relabel(self.app, self.resolve(run_id), dict(changes),
+                              actor or self.settings.actor)
 
     def _append(self, run_id: str, record: Any) -> Run:
         """Append a command's event, reloading on a concurrent write; drive nothing."""

@@ -192,6 +192,18 @@ class RunStateError(SagaError):
     exit_code = 2
 
 
+class MigrationRefusedError(RunStateError):
+    """Raised when a run cannot move to a new definition: replaying its history with it
+    does not reproduce a recorded decision (nothing was appended)."""
+
+    exit_code = 7
+
+    def __init__(self, run_id: str, divergence: str, check: object = None) -> None:
+        self.run_id = run_id
+        self.check = check  # the MigrationCheck, for callers that report it
+        super().__init__(f"run {run_id} cannot migrate: {divergence}; nothing was changed")
+
+
 class LeaseLostError(SagaError):
     """Raised when a worker's lease on a run expired and another worker took the run."""
 

@@ -181,6 +181,25 @@ class _Fold:
                 run.update(finished_at=None, duration_ms=None, failed_step=None, error=None)
             case "RunCancelled":
                 self._finish(run, ts, {"type": "cancelled", "message": e.reason or "cancelled"})
+            case "DefinitionMigrated":
+                run.update(definition_hash=e.to_hash,
+                           definition_version=str(e.definition.get("version", "1")))
+            case "RunLabelled":
+                labels = json.loads(run["labels"] or "{}")
+                for key, value in e.changes.items():  # an empty value removes the label
+                    if value:
+                        labels[key] = value
+                    else:
+                        labels.pop(key, None)
+                run["labels"] = _json(labels)
+            case "RunReset":
+                run.update(finished_at=None, duration_ms=None, failed_step=None, error=None)
+            case "StepsReopened":
+                for key in e.steps:  # as never started (the Run fold drops them)
+                    step_id, _, rest = key.partition("[")
+                    self.step(run_id, step_id, int(rest[:-1] or 0)).update(
+                        status="pending", attempts=0, started_at=None, finished_at=None,
+                        running_since=None, duration_ms=None, error=None, compensated_at=None)
             # CompensationFailed changes no column: the step stays "completed".
 
     @staticmethod

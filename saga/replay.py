@@ -19,11 +19,13 @@ from saga.chain import payload_of
 from saga.composition import Plan, compile_any
 from saga.domain import Run, step_key
 from saga.errors import RunStateError
+from saga.scheduler import policy
 from saga.scheduler.actions import brief
 
 _WORLD = {"StepCompleted", "ApprovalGranted", "ApprovalRejected", "RunRetried",
           "RemedyApplied", "StepWaiting", "SignalReceived", "RunPaused", "RunUnpaused",
-          "RunTimedOut", "RetentionApplied", "RunTakenOver"}
+          "RunTimedOut", "RetentionApplied", "RunTakenOver", "DefinitionMigrated",
+          "RunLabelled", "RunReset"}
 
 
 @dataclass(frozen=True)
@@ -40,10 +42,36 @@ class Divergence:
         return (f"event {self.version} ({self.event_type}) diverges: recorded "
                 f"{brief(self.recorded)}, the scheduler decides {expected}")
 
+    @property
+    def step(self) -> str | None:
+        """The step the diverging event is about, if it is about one."""
+        step = self.recorded.get("step_id")
+        return str(step) if step is not None else None
+
+    def as_migration(self) -> str:
+        """This divergence as a refused migration names it: the step, what the run's
+        definition decided (recorded), what the new one decides."""
+        expected = "; ".join(self.expected) or "nothing (wait)"
+        where = f"step {self.step}" if self.step else f"event {self.version}"
+        shown = {k: v for k, v in self.recorded.items()
+                 if k not in ("step_id", "worker", "idempotency_key")}
+        if "parameters" in shown:
+            shown = {"parameters": shown["parameters"]}
+        return (f"{where}: the run's definition decided {self.event_type} "
+                f"{brief(shown)} (event {self.version}); the new definition decides "
+                f"{expected}")
+
+    def as_dict(self) -> dict[str, Any]:
+        """The divergence as JSON."""
+        return {"version": self.version, "event_type": self.event_type, "step": self.step,
+                "recorded": self.recorded, "expected": self.expected}
+
 
 def verify(events: list[Any], plan: Plan | None = None) -> Divergence | None:
     """Fold ``events`` (domain events of one run, in order) through the scheduler; return
-    the first divergence, or None when every decision is reproduced."""
+    the first divergence, or None when every decision is reproduced. Each decision is
+    checked against the definition in force when it was made (a ``DefinitionMigrated``
+    changes it)."""
     run: Run = events[0].mutate(None)
     plan = plan or compile_any(run.definition)
     for event in events[1:]:
@@ -51,7 +79,69 @@ def verify(events: list[Any], plan: Plan | None = None) -> Divergence | None:
         if divergence is not None:
             return divergence
         event.mutate(run)
+        if type(event).__name__ == "DefinitionMigrated":
+            plan = compile_any(run.definition)
     return None
+
+
+def check_migration(events: list[Any], new: Plan) -> Divergence | None:
+    """Whether the run of ``events`` may move to ``new``: its history folded through the
+    scheduler with ``new`` must reproduce every recorded decision (the same steps started,
+    in the same order, with the same rendered parameters, the same skips, approvals and
+    compensations). Returns the first divergence, None when the move is safe. A ``use:``
+    step whose child run already started diverges when ``new`` changes its target."""
+    run: Run = events[0].mutate(None)
+    old = compile_any(run.definition)
+    for event in events[1:]:
+        kind = type(event).__name__
+        divergence = _missing_step(new, event) or _check(new, run, event) \
+            or _changed_target(old, new, event) or _changed_compensation(old, new, run, event)
+        if divergence is not None:
+            return divergence
+        event.mutate(run)
+        if kind == "DefinitionMigrated":
+            old = compile_any(run.definition)
+    return None
+
+
+def _missing_step(new: Plan, event: Any) -> Divergence | None:
+    step_id = getattr(event, "step_id", None)
+    if step_id is None or _has(new, step_id):
+        return None
+    return Divergence(event.originator_version, type(event).__name__, _payload(event),
+                      [f"nothing: it has no step {step_id!r}"])
+
+
+def _has(plan: Plan, step_id: str) -> bool:
+    try:
+        plan.step(step_id)
+    except KeyError:
+        return False
+    return True
+
+
+def _changed_target(old: Plan, new: Plan, event: Any) -> Divergence | None:
+    if type(event).__name__ != "StepStarted" or not _has(old, event.step_id):
+        return None
+    was, now = old.step(event.step_id).use, new.step(event.step_id).use
+    if was == now:
+        return None
+    return Divergence(event.originator_version, "StepStarted", _payload(event),
+                      [f"StartStep {event.step_id} using {now!r} (its child run, of "
+                       f"{was!r}, already started)"])
+
+
+def _changed_compensation(old: Plan, new: Plan, run: Run, event: Any) -> Divergence | None:
+    """A recorded compensation must be the one the new definition would run."""
+    kind = type(event).__name__
+    if kind not in ("StepCompensated", "CompensationFailed") or run.compensation is None:
+        return None
+    was = policy.next_compensation(old, run, scheduler.namespace(old, run))
+    now = policy.next_compensation(new, run, scheduler.namespace(new, run))
+    if was is None or now is None or (was.tool, was.parameters) == (now.tool, now.parameters):
+        return None
+    return Divergence(event.originator_version, kind, _payload(event),
+                      [f"CompensateStep {now.step_id} with {now.tool} {brief(now.parameters)}"])
 
 
 def _check(plan: Plan, run: Run, event: Any) -> Divergence | None:

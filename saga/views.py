@@ -25,7 +25,8 @@ def row_summary(row: dict[str, Any]) -> dict[str, Any]:
             "definition": row["definition_name"], "name": row["definition_name"],
             "version": row["version"], "labels": json.loads(row.get("labels") or "{}"),
             "status": row["status"], "actor": row["actor"],
-            "definition_hash": row["definition_hash"], "started_at": row["started_at"],
+            "definition_hash": row["definition_hash"],
+            "definition_version": row.get("definition_version"), "started_at": row["started_at"],
             "finished_at": row["finished_at"], "duration_ms": row["duration_ms"],
             "error": error, "failed_step": row["failed_step"]}
 
@@ -43,6 +44,7 @@ def run_summary(run: Run, steps: bool = True) -> dict[str, Any]:
         "queue": run.queue,
         "priority": run.priority,
         "definition_hash": run.definition_hash,
+        "definition_version": str(run.definition.get("version", "1")),
         "started_at": run.started_at,
         "finished_at": run.finished_at,
         "outputs": run.outputs,
@@ -52,6 +54,10 @@ def run_summary(run: Run, steps: bool = True) -> dict[str, Any]:
     if run.compensation is not None or run.status in ("failed", "cancelled"):
         # Promise 5: what a run's end left in place is named, whatever status it ended in.
         out["not_undone"] = not_undone(plan_of(run), run)
+    if run.__dict__.get("migrations"):  # moved to a new definition (saga migrate): when
+        out["migrations"] = run.__dict__["migrations"]
+    if run.context.get("labels"):  # as they are now (saga label changes them)
+        out["labels"] = run.context["labels"]
     if run.pending_approvals and not run.is_finished:  # a finished run waits for nobody
         out["waiting_for"] = run.pending_approvals
     if steps:

@@ -41,8 +41,8 @@ def test_every_error_has_an_exit_code() -> None:
              if isinstance(cls, type) and issubclass(cls, errors.SagaError)}
     assert codes["DefinitionError"] == 2 and codes["StoreUnavailableError"] == 3
     assert codes["RunNotFoundError"] == 4 and codes["ConcurrentWriteError"] == 5
-    assert codes["RunIdConflictError"] == 6
-    assert all(isinstance(code, int) and 1 <= code <= 6 for code in codes.values())
+    assert codes["RunIdConflictError"] == 6 and codes["MigrationRefusedError"] == 7
+    assert all(isinstance(code, int) and 1 <= code <= 7 for code in codes.values())
 
 
 #: What pip says when it cannot reach the package index (then, outside CI, the wheel test

@@ -1,6 +1,7 @@
 """The domain: the ``Run`` aggregate (:mod:`~saga.domain.run`) and the vocabulary every
 stage speaks about runs (:mod:`~saga.domain.vocabulary`)."""
 
+from saga.domain import revisions  # attaches its events to Run
 from saga.domain.run import Run
 from saga.domain.vocabulary import (
     DECISIONS,
@@ -60,6 +61,7 @@ __all__ = [
     "priority_of",
     "queue_of",
     "queue_options",
+    "revisions",
     "run_uuid",
     "status_after",
     "step_key",

@@ -46,7 +46,9 @@ class RunCommands:
         """Record that an attempt is about to run."""
         self.trigger_event(self.StepStarted, step_id=step_id, iteration=iteration,
                            attempt=attempt, parameters=parameters, worker=worker,
-                           idempotency_key=idempotency_key(self.run_id, step_id, iteration))
+                           idempotency_key=idempotency_key(
+                               self.run_id, step_id, iteration,
+                               (self.__dict__.get("generations") or {}).get(step_id, 0)))
 
     def complete_step(self, step_id: str, iteration: int, attempt: int, output: Any,
                       duration_ms: int, cache: dict[str, Any] | None = None) -> None:

@@ -33,7 +33,8 @@ EVENT_TYPES = (
     "ApprovalRejected", "CompensationStarted", "StepCompensated", "CompensationFailed",
     "RunRetried", "RunCompleted", "RunFailed", "RunCompensated", "RunCancelled",
     "RunPaused", "RunUnpaused", "StepWaiting", "SignalReceived", "RunTimedOut",
-    "RetentionApplied", "RunTakenOver")
+    "RetentionApplied", "RunTakenOver", "DefinitionMigrated", "RunLabelled", "RunReset",
+    "StepsReopened")
 
 
 TOPIC_PREFIX = "saga."
@@ -110,13 +111,13 @@ def status_after(event: str, status: RunStatus, *,
         return ENDINGS[event]
     if event == "RunPaused":
         return "paused"
-    if event == "CompensationStarted":
+    if event in ("CompensationStarted", "RunReset"):
         return "compensating"
     if status == "paused" and event != "RunUnpaused":
         return status
     if event in ("ApprovalRequested", "StepWaiting"):
         return "waiting"
-    if event in ("RunStarted", "RunRetried", "RunUnpaused") or (
+    if event in ("RunStarted", "RunRetried", "RunUnpaused", "StepsReopened") or (
             status == "waiting" and event in RESOLVING):
         waiting = still_waiting() if callable(still_waiting) else still_waiting
         return "waiting" if waiting else "running"
@@ -128,9 +129,11 @@ def step_key(step_id: str, iteration: int = 0) -> str:
     return step_id if iteration == 0 else f"{step_id}[{iteration}]"
 
 
-def idempotency_key(run_id: str, step_id: str, iteration: int = 0) -> str:
-    """The stable key a tool sees on every attempt and re-execution of one step."""
-    return f"{run_id}:{step_id}:{iteration}"
+def idempotency_key(run_id: str, step_id: str, iteration: int = 0, generation: int = 0) -> str:
+    """The stable key a tool sees on every attempt and re-execution of one step
+    (``generation``: how many resets reopened the step; each gives it a new key)."""
+    key = f"{run_id}:{step_id}:{iteration}"
+    return key if not generation else f"{key}:reset{generation}"
 
 
 _CHILD_NAMESPACE = UUID("0b7d2c1e-5a4f-4f7e-9d61-2f8a3c9e1b55")

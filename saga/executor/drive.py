@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from saga import expressions, scheduler, secrets
 from saga.composition import Plan
 from saga.composition.definition import Step
-from saga.domain import Run, StepState, idempotency_key, step_key
+from saga.domain import Run, StepState, step_key
+from saga.domain.revisions import key_of
 from saga.errors import LeaseLostError, ToolError
 from saga.executor import calls, nesting, outputs
 from saga.executor.calls import Outcome
@@ -624,7 +625,7 @@ class Drive:
         ctx = ToolContext(
             run_id=run_id, step_id=action.step_id, iteration=action.iteration,
             attempt=action.attempt,
-            idempotency_key=idempotency_key(run_id, action.step_id, action.iteration) + suffix,
+            idempotency_key=key_of(self.run, action.step_id, action.iteration) + suffix,
             deadline=time.time() + timeout if timeout else None,
             logger=logging.getLogger(f"saga.tool.{name}"),
             traceparent=scope.current().span.traceparent,

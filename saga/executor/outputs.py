@@ -16,7 +16,8 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from saga.composition.definition import Step
-from saga.domain import idempotency_key, step_key
+from saga.domain import step_key
+from saga.domain.revisions import key_of
 from saga.errors import SagaError
 from saga.scheduler import StartStep
 from saga.secrets import names_in
@@ -50,7 +51,7 @@ async def keep(drive: Drive, step: Step, action: StartStep, output: Any) -> Any:
     def put() -> dict[str, str]:
         return drive.x.undo_store.put(
             run_id, step_key(action.step_id, action.iteration),
-            idempotency_key(run_id, action.step_id, action.iteration), action.attempt, state)
+            key_of(drive.run, action.step_id, action.iteration), action.attempt, state)
     return {**recorded, UNDO: await drive._in_thread(put)}
 
 

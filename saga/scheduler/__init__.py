@@ -23,6 +23,7 @@ from saga.scheduler.actions import (
     FailStep,
     FinishRun,
     Recorded,
+    ReopenSteps,
     RequestApproval,
     RunRemedy,
     SkipStep,
@@ -50,7 +51,8 @@ else:
 
 __all__ = [
     "Action", "CompensateStep", "CompleteStep", "FailStep", "FinishRun", "Recorded",
-    "RequestApproval", "RunRemedy", "SkipStep", "StartCompensation", "StartLoop", "StartStep",
+    "ReopenSteps", "RequestApproval", "RunRemedy", "SkipStep", "StartCompensation",
+    "StartLoop", "StartStep",
     "compensation_order", "confirmation_message", "confirmation_timeout", "decide",
     "heal_decision", "interrupted",
     "is_loop_parent", "layer_report", "max_attempts", "namespace", "nothing_follows",

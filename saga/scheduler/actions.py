@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from saga.domain import ENDINGS, Run
+from saga.domain.revisions import reopen
 
 
 def brief(value: Any, limit: int = 120) -> str:
@@ -259,8 +260,29 @@ class FinishRun:
         return f"FinishRun {self.status} with outputs {brief(self.outputs)}"
 
 
+@dataclass(frozen=True)
+class ReopenSteps:
+    """Record ``StepsReopened``: a reset's undo is done, its steps start over."""
+
+    EVENTS: ClassVar[tuple[str, ...]] = ("StepsReopened",)
+    step: str
+    steps: list[str]
+
+    def record(self, run: Run, worker: str | None) -> None:
+        """Record the reopening (the run's next reset generation)."""
+        reopen(run, self.step, self.steps)
+
+    def matches(self, kind: str, e: Any) -> bool:
+        """Whether a recorded event is this action."""
+        return kind == "StepsReopened" and list(e.steps) == list(self.steps)
+
+    def describe(self) -> str:
+        """The action in words."""
+        return f"ReopenSteps {self.steps} (reset to {self.step})"
+
+
 Action = (StartStep | StartLoop | CompleteStep | RunRemedy | SkipStep | FailStep
-          | RequestApproval | StartCompensation | CompensateStep | FinishRun)
+          | RequestApproval | StartCompensation | CompensateStep | FinishRun | ReopenSteps)
 #: Actions that only record an event: the executor calls ``record`` and nothing else.
 Recorded = StartLoop | CompleteStep | SkipStep | FailStep | RequestApproval \
-    | StartCompensation | FinishRun
+    | StartCompensation | FinishRun | ReopenSteps

@@ -13,7 +13,7 @@ from saga.composition.definition import Step
 from saga.composition.plan import BASE_NAMES
 from saga.domain import Run, StepState, step_key
 from saga.errors import ExpressionError
-from saga.scheduler.actions import CompensateStep, FailStep, FinishRun
+from saga.scheduler.actions import CompensateStep, FailStep, FinishRun, ReopenSteps
 from saga.secrets import SecretNames
 
 
@@ -269,12 +269,17 @@ def next_compensation(plan: Plan, run: Run, names: dict[str, Any]) -> Compensate
     return None
 
 
-def compensation_ending(run: Run, failed: str | None, outputs: Any) -> FinishRun:
+def compensation_ending(run: Run, failed: str | None,
+                        outputs: Any) -> FinishRun | ReopenSteps:
     """How a run whose compensations all ran ends: ``failed`` if one of them failed
     (listing which), ``cancelled`` if a person cancelled it, else ``compensated``.
-    ``failed`` is the key of the step whose failure started the rollback, if any."""
+    ``failed`` is the key of the step whose failure started the rollback, if any.
+    A reset's undo does not end the run: its steps are reopened."""
     comp = run.compensation
     assert comp is not None
+    reset = comp.get("reset")
+    if reset is not None and not any(v == "failed" for v in comp["done"].values()):
+        return ReopenSteps(reset["step"], list(reset["reopen"]))
     if failed is None and not comp.get("requested") and not run.timed_out:
         # The step whose failure started it may be undone itself now (an interrupted
         # attempt may have acted): its error is still the run's.
