@@ -20,6 +20,9 @@ from typing import Any
 
 #: Fields every event carries for the audit chain, apart from its payload.
 CHAIN_FIELDS = ("actor", "prev_hash", "payload_hash", "mac")
+#: Fields an event sealed at rest adds as it is stored (:mod:`saga.store.encryption`): the
+#: hash of its payload as stored, and with an audit key an HMAC binding it to the chain.
+SEAL_FIELDS = ("sealed_hash", "sealed_mac")
 #: The predecessor link of a run's first event in logs written before runs were bound to
 #: their ids (still accepted; see :func:`genesis`).
 GENESIS = ""
@@ -65,7 +68,8 @@ def genesis(run_id: str) -> str:
 
 def payload_of(fields: dict[str, Any]) -> dict[str, Any]:
     """An event's payload: its fields without the envelope and the chain fields."""
-    return {k: v for k, v in fields.items() if k not in _ENVELOPE and k not in CHAIN_FIELDS}
+    return {k: v for k, v in fields.items()
+            if k not in _ENVELOPE and k not in CHAIN_FIELDS and k not in SEAL_FIELDS}
 
 
 def payload_hash(payload: dict[str, Any]) -> str:

@@ -98,6 +98,10 @@ class Settings:
     #: Fernet key(s), comma-separated (the first encrypts), for the undo store
     #: (``SAGA_UNDO_KEY``); without one, undo state is kept there in plain text.
     undo_key: str | None = field(default=None, repr=False)
+    #: The key-encryption key (base64 of 32 bytes) that seals payloads at rest
+    #: (:mod:`saga.store.encryption`): read from the variable ``[encryption] key_env``
+    #: (or ``SAGA_ENCRYPTION_KEY_ENV``) names, or from ``[encryption] key_file``.
+    encryption_key: str | None = field(default=None, repr=False)
     #: Environment variables compositions may read by name as ``{{ secret.NAME }}``
     #: (saga.toml ``[secrets] allow``); ``SAGA_SECRET_NAME`` is always readable.
     secrets_allow: tuple[str, ...] = ()
@@ -260,6 +264,7 @@ def load_settings(env: Mapping[str, str] | None = None, cwd: Path | None = None,
                                     or data.get("reconnect_seconds", 30)),
             audit_key=env.get("SAGA_AUDIT_KEY") or None,
             undo_key=env.get("SAGA_UNDO_KEY") or None,
+            encryption_key=_encryption_key(env, data, cwd),
             expression_seconds=float(env.get("SAGA_EXPRESSION_SECONDS")
                                      or (data.get("limits") or {}).get("expression_seconds", 2)),
             expression_max_value_size=_int_or_none((data.get("limits") or {})
@@ -369,6 +374,27 @@ def _partitions(env_value: str | None, table_value: Any) -> tuple[str, ...]:
     if len(set(urls)) != len(urls):
         raise ConfigError("a database is named twice in the partitions")
     return tuple(urls) if len(urls) > 1 else ()
+
+
+def _encryption_key(env: Mapping[str, str], data: dict[str, Any], cwd: Path) -> str | None:
+    """The encryption key's text: from the variable ``SAGA_ENCRYPTION_KEY_ENV`` or
+    ``[encryption] key_env`` names (the key itself never sits in a file saga reads
+    settings from), else from ``[encryption] key_file``; None when neither is set, ""
+    when the variable named is not set in this process."""
+    found = data.get("encryption")
+    table: dict[str, Any] = found if isinstance(found, dict) else {}
+    name = env.get("SAGA_ENCRYPTION_KEY_ENV") or table.get("key_env")
+    if name:
+        # Unset here: "" (configured, not available), so this process can still verify
+        # the audit chain but refuses to write or read sealed payloads.
+        return (env.get(str(name)) or "").strip()
+    if table.get("key_file"):
+        path = Path(str(table["key_file"])).expanduser()
+        try:
+            return (path if path.is_absolute() else cwd / path).read_text().strip()
+        except OSError as e:
+            raise ConfigError(f"cannot read [encryption] key_file {path}: {e}") from e
+    return None
 
 
 def _int_or_none(value: Any) -> int | None:

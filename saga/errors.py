@@ -224,3 +224,11 @@ class LeaseHeldError(SagaError):
         self.worker = worker
         super().__init__(f"run {run_id} is being driven by worker {worker!r}; "
                          "try again when its lease expires")
+
+
+class EncryptionKeyError(SagaError):
+    """Raised when a run's payloads are sealed at rest and cannot be opened here: no key is
+    configured, the key is not the one that wrapped the run's data key, or a sealed value
+    fails its authentication (it was changed)."""
+
+    exit_code = 2

@@ -327,7 +327,10 @@ def verify_records(records: Sequence[Record], key: bytes | str | None = None,
             if r.prev_hash != links[i - 1]:
                 at, reason, message = _diagnose(records, links, i)
                 return broken(at, reason, message)
-        if payload_digest(r.state) != r.payload_hash:
+        # An event sealed at rest (saga.store.encryption) is checked against the hash of
+        # its payload as stored; its plaintext payload_hash stays in the link.
+        sealed = r.state.get("sealed_hash")
+        if payload_digest(r.state) != (r.payload_hash if sealed is None else str(sealed)):
             retained = _retained(records[i + 1:]).get(str(v))
             if _is_redacted(r) and i <= last_terminal and retained == payload_digest(r.state):
                 redacted += 1
@@ -344,6 +347,11 @@ def verify_records(records: Sequence[Record], key: bytes | str | None = None,
             if not hmac.compare_digest(r.mac.encode(), sign(key_bytes, links[i]).encode()):
                 return broken(v, FORGED, f"the mac of event {v} ({kind}) is wrong: its fields "
                               "were changed, or it was not written with this key")
+            if sealed is not None and not hmac.compare_digest(
+                    str(r.state.get("sealed_mac")).encode(),
+                    sign(key_bytes, f"{run_id}|{v}|{r.payload_hash}|{sealed}").encode()):
+                return broken(v, FORGED, f"the sealed payload of event {v} ({kind}) does not "
+                              "match its sealed_mac: it was replaced")
     head = links[-1]
     message = f"{len(records)} events verify"
     if expected_head and expected_head != head:

@@ -53,6 +53,7 @@ from saga.audit.store import (
 from saga.config import Settings
 from saga.errors import ConfigError
 from saga.store.application import open_app
+from saga.store.encryption import shred as shred_keys
 from saga.store.side_tables import Database
 from saga.store.undo import UNDO_TABLE
 
@@ -117,7 +118,7 @@ def _record_retention(settings: Settings, run_id: str, plan: _Plan,
 
 
 def _retain(db: Database, settings: Settings, run_id: str, cutoff: datetime, dry_run: bool,
-            key: bytes | str | None) -> bool:
+            key: bytes | str | None, shred: bool = False) -> bool:
     events, snapshots = _tables(settings)
     has_snapshots = _has_table(db, snapshots)
     has_undo = _has_table(db, UNDO_TABLE)
@@ -127,6 +128,10 @@ def _retain(db: Database, settings: Settings, run_id: str, cutoff: datetime, dry
     plan = _plan(_read(db, settings, run_id), cutoff, key)
     if plan is None:
         return False
+    if shred:  # the events stay as they are: their payloads' key goes (see _shred)
+        plan.updates = []
+        if dry_run:
+            return True
     if dry_run:
         if has_snapshots:
             rows = db.query(f"SELECT COUNT(*) AS n FROM {snapshots} WHERE {_id_where(db)}",
@@ -136,6 +141,8 @@ def _retain(db: Database, settings: Settings, run_id: str, cutoff: datetime, dry
             plan.undo = int(db.query(f"SELECT COUNT(*) AS n {undo_where[0]}",
                                      undo_where[1])[0]["n"])
         return bool(plan)
+    if shred:
+        return _shred(db, settings, run_id) or bool(plan)
     if plan.updates:  # the evidence first, through the store's own writer (chained, signed)
         _record_retention(settings, run_id, plan, _read(db, settings, run_id), key)
     with db.tx() as cur:  # decided again under lock: a writer may have appended meanwhile
@@ -157,8 +164,29 @@ def _retain(db: Database, settings: Settings, run_id: str, cutoff: datetime, dry
     return bool(plan)
 
 
+def _shred(db: Database, settings: Settings, run_id: str) -> bool:
+    """Crypto-shred a run: delete its data key (its sealed payloads become unreadable in
+    every copy of the event store), its snapshots and its undo state; its events, and so
+    its chain and report rows, stay as they are. True when anything was deleted."""
+    snapshots = _tables(settings)[1]
+    args = _id_args(db, run_id)
+    gone = shred_keys(settings, [run_id])
+    with db.tx() as cur:
+        if _has_table(db, snapshots):
+            cur.execute(db.sql(f"DELETE FROM {snapshots} WHERE {_id_where(db)}"), args)
+            gone += max(cur.rowcount, 0)
+        if _has_table(db, UNDO_TABLE):
+            if not db.pg:
+                cur.execute("PRAGMA secure_delete = ON")
+            cur.execute(db.sql(f"DELETE FROM {UNDO_TABLE} WHERE run_uuid = ?"),
+                        (str(_uuid(run_id)),))
+            gone += max(cur.rowcount, 0)
+    return gone > 0
+
+
 def apply_retention(settings: Settings, older_than_days: float, dry_run: bool = False,
-                    now: datetime | None = None, key: bytes | str | None = None) -> list[str]:
+                    now: datetime | None = None, key: bytes | str | None = None,
+                    shred: bool = False) -> list[str]:
     """Remove user data from finished runs whose last event is older than
     ``older_than_days`` (relative to ``now``, default the current time); returns the ids of
     the runs changed (with ``dry_run``, that would be changed; nothing is written).
@@ -168,7 +196,13 @@ def apply_retention(settings: Settings, older_than_days: float, dry_run: bool = 
     payload_hash, mac) stays, and the run's snapshots and undo state are deleted. A run
     whose chain does not verify (with ``key`` when given) is skipped and logged, so
     evidence of tampering is never overwritten. Unfinished runs are never touched.
+
+    ``shred``: instead of rewriting events, delete each due run's data key (payloads
+    sealed at rest, :mod:`saga.store.encryption`), snapshots and undo state.
     """
+    if shred and not settings.encryption_key:
+        raise ConfigError("retention apply --shred needs the encryption key configured: "
+                          "shredding deletes the data keys that seal payloads at rest")
     if older_than_days < 0:
         raise ValueError("older_than_days must be >= 0")
     if settings.partitions:  # the undo state is in the first partition, the runs in any
@@ -181,6 +215,6 @@ def apply_retention(settings: Settings, older_than_days: float, dry_run: bool = 
         if db is None:
             return []
         for run_id in _run_ids(db, settings):
-            if _retain(db, settings, run_id, cutoff, dry_run, key):
+            if _retain(db, settings, run_id, cutoff, dry_run, key, shred):
                 changed.append(run_id)
     return changed

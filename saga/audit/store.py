@@ -22,7 +22,13 @@ from saga.chain import canonical
 from saga.config import Settings
 from saga.domain import TOPIC_PREFIX, run_uuid
 from saga.domain.steps import DERIVED
-from saga.errors import DoctoredSnapshotError, RunNotFoundError, StoreUnavailableError, first_line
+from saga.errors import (
+    DoctoredSnapshotError,
+    EncryptionKeyError,
+    RunNotFoundError,
+    StoreUnavailableError,
+    first_line,
+)
 from saga.store.application import SagaApplication
 from saga.store.partitions import partition_of, partition_settings
 from saga.store.side_tables import Database
@@ -203,7 +209,12 @@ def _check_snapshot(settings: Settings, result: Result, key: bytes | str | None,
         if app.snapshots is None:
             return result
         uid = _uuid(result.run_id)
-        latest = list(app.snapshots.get(uid, desc=True, limit=1))
+        try:
+            latest = list(app.snapshots.get(uid, desc=True, limit=1))
+        except (EncryptionKeyError, DoctoredSnapshotError):
+            # Sealed at rest, and the key is not here (or the run's was shredded): a
+            # snapshot is a cache that no run is folded from without the key either.
+            return result
         if not latest:
             return result
         snapshot: Any = latest[0]

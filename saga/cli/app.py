@@ -60,6 +60,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                  'Print every event of a run, in order.'),
     'label': ('saga.cli.replay_tools',
                "Change a run's labels while it runs (KEY= removes a label)."),
+    'keys': ('saga.cli.keys',
+              'The encryption keys of payloads at rest: generate a key, rotate it.'),
     'list': ('saga.cli.runs',
               'List runs, newest first, from the read model (caught up first).'),
     'mcp': ('saga.cli.service',

@@ -157,19 +157,25 @@ def retention() -> None:
 @click.option("--older-than", "days", type=click.FloatRange(min=0), required=True,
               metavar="DAYS", help="Finished runs whose last event is older than this.")
 @click.option("--dry-run", is_flag=True, help="Only list the runs that would be redacted.")
+@click.option("--shred", is_flag=True,
+              help="Delete each run's data key instead of rewriting its events (payloads "
+                   "encrypted at rest): unreadable in every copy, backups included.")
 @json_option
-def retention_apply(days: float, dry_run: bool, as_json: bool) -> None:
+def retention_apply(days: float, dry_run: bool, shred: bool, as_json: bool) -> None:
     """Redact inputs, parameters and outputs of finished runs older than DAYS.
 
     \b
     Example:
       saga retention apply --older-than 90 --json
     """
-    ids = audit_log.apply_retention(load_settings(), days, dry_run=dry_run)
+    ids = audit_log.apply_retention(load_settings(), days, dry_run=dry_run, shred=shred)
     if as_json:
-        _emit_json({"dry_run": dry_run, "older_than_days": days, "runs": ids})
+        _emit_json({"dry_run": dry_run, "older_than_days": days, "runs": ids,
+                    "shred": shred})
         return
+    done = "shredded" if shred else "redacted"
     for run_id in ids:
-        click.echo(f"{'would redact' if dry_run else 'redacted'} {run_id}")
-    verb = "would be redacted" if dry_run else "redacted"
+        click.echo(f"{('would ' + ('shred' if shred else 'redact')) if dry_run else done} "
+                   f"{run_id}")
+    verb = f"would be {done}" if dry_run else done
     click.echo(f"{len(ids)} run(s) {verb} (finished more than {days:g} days ago)")

@@ -33,6 +33,7 @@ from saga.errors import (
     StoreUnavailableError,
     first_line,
 )
+from saga.store.encryption import sealing_mapper
 from saga.store.leases import LeaseClaim, LeaseRelease, Leases, claim_first_args
 from saga.store.reconnect import Reconnect, connection_lost
 from saga.store.side_tables import (
@@ -148,6 +149,11 @@ class SagaApplication(Application[UUID]):
             make_home(settings.home)
             with store_errors(settings.store_description):
                 super().__init__(env=env)
+
+    def construct_mapper(self) -> Any:
+        """The library's mapper, sealing payloads at rest with a data key per run when an
+        encryption key is configured (:mod:`saga.store.encryption`)."""
+        return sealing_mapper(self.settings, self.construct_transcoder())
 
     def save(self, *objs: Any, **kwargs: Any) -> Any:
         """The library's ``save``, less its protocol checks for a run: ``isinstance``
@@ -485,6 +491,7 @@ class SagaApplication(Application[UUID]):
                 spare[0].close()
         with contextlib.suppress(Exception):
             super().close()
+        self.mapper.close()  # type: ignore[attr-defined]  # the key table's connection
 
 
 def _without_blind_retries(*recorders: Any) -> None:

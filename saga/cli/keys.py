@@ -1,0 +1,56 @@
+"""``saga keys``: the keys that seal payloads at rest (:mod:`saga.store.encryption`)."""
+
+from __future__ import annotations
+
+import base64
+import os
+
+import click
+
+from saga.cli.app import main
+from saga.config import load_settings
+from saga.errors import ConfigError
+from saga.store.encryption import kek_id, kek_of, rotate
+
+
+@main.group()
+def keys() -> None:
+    """The encryption keys of payloads at rest: generate a key, rotate it.
+
+    \b
+    Example:
+      saga keys rotate --new-key-env SAGA_NEW_KEY
+    """
+
+
+@keys.command(name="generate")
+def keys_generate() -> None:
+    """Print a new random key (base64 of 32 bytes), for [encryption] key_env.
+
+    \b
+    Example:
+      saga keys generate > kek.txt
+    """
+    click.echo(base64.urlsafe_b64encode(os.urandom(32)).decode())
+
+
+@keys.command(name="rotate")
+@click.option("--new-key-env", "variable", required=True, metavar="VAR",
+              help="The variable that holds the new key.")
+def keys_rotate(variable: str) -> None:
+    """Wrap every run's data key with a new key (no event is rewritten).
+
+    The configured key unwraps them; afterwards point [encryption] key_env (or
+    SAGA_ENCRYPTION_KEY_ENV) at VAR, and destroy the old key once no backup of the key
+    table needs it.
+
+    \b
+    Example:
+      saga keys rotate --new-key-env SAGA_NEW_KEY
+    """
+    new = os.environ.get(variable, "").strip()
+    if not new:
+        raise ConfigError(f"the variable {variable} is not set")
+    count = rotate(load_settings(), new)
+    click.echo(f"rewrapped {count} data key(s) with key {kek_id(kek_of(new))}; now set "
+               f"SAGA_ENCRYPTION_KEY_ENV={variable} (or [encryption] key_env)")
