@@ -183,7 +183,7 @@ class RunIndex:
                 run.retries[key] = str(payload["next_retry_at"])
         elif kind == "RunTakenOver":
             run.takeovers += 1
-        elif kind in ("RunRetried", "CompensationStarted"):
+        elif kind in ("RunRetried", "CompensationStarted", "RunReset"):
             run.retries.clear()
         run.status = status_after(kind, run.status,
                                   still_waiting=run.approvals > 0 or bool(run.waits))
@@ -310,9 +310,9 @@ class RunIndex:
 
 #: What happens to a child run from outside its parent's drive: its parent is to look.
 _CHILD_NEWS = DECISIONS | {"SignalReceived", "RunUnpaused", "CompensationStarted",
-                           "RunRetried"}
+                           "RunRetried", "RunReset", "DefinitionMigrated"}
 #: Events that take a finished run up again.
-_REOPENING = frozenset({"RunRetried", "CompensationStarted"})
+_REOPENING = frozenset({"RunRetried", "CompensationStarted", "RunReset"})
 #: Events a driver records while it drives: they need no other driver's attention.
 _QUIET = frozenset({"StepStarted", "StepWaiting", "StepFailed", "StepCompleted",
                     "StepSkipped", "HealStarted", "RemedyApplied", "StepCompensated",
@@ -320,7 +320,8 @@ _QUIET = frozenset({"StepStarted", "StepWaiting", "StepFailed", "StepCompleted",
 #: A step's moves: they change a run's place only when it waits or retries something.
 _MOVES = frozenset({"StepStarted", "StepCompleted", "StepSkipped"})
 #: Events after which claiming a run no longer starts it (a queue's rate counts starts).
-_BEGUN = _QUIET | {"RunTakenOver", "CompensationStarted", "RunRetried", "RunTimedOut"}
+_BEGUN = _QUIET | {"RunTakenOver", "CompensationStarted", "RunRetried", "RunTimedOut",
+                   "RunReset"}
 
 
 def _stamp(started: dict[str, Any]) -> str | None:
