@@ -65,6 +65,11 @@ PAYLOAD = ('{"timestamp":{"_type_":"datetime_iso","_data_":"2026-11-22T04:30:58.
            '"idempotency_key":"00000000-0000-0000-0000-000000000000:s1:0"}')
 
 
+#: Payloads encrypted at rest (saga.store.encryption) in the engine's stores, when set:
+#: ``SAGA_BENCH_ENCRYPTION_KEY=$(saga keys generate) python ops/bench/bench.py --quick``.
+ENCRYPTION_KEY = os.environ.get("SAGA_BENCH_ENCRYPTION_KEY") or None
+
+
 @dataclass(frozen=True)
 class Budget:
     """How much work each scenario does (``--quick`` or default)."""
@@ -253,8 +258,10 @@ class SqliteStore(Store):
 
     def __init__(self, registry: Registry) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="saga-bench-"))
-        main = Settings(home=self.tmp / "main", actor="bench", snapshot_interval=100)
-        nosnap = Settings(home=self.tmp / "nosnap", actor="bench", snapshot_interval=0)
+        main = Settings(home=self.tmp / "main", actor="bench", snapshot_interval=100,
+                        encryption_key=ENCRYPTION_KEY)
+        nosnap = Settings(home=self.tmp / "nosnap", actor="bench", snapshot_interval=0,
+                          encryption_key=ENCRYPTION_KEY)
         super().__init__(main, nosnap, registry)
         self.conn = sqlite3.connect(str(main.home / "floor.db"), isolation_level=None)
         mode = self.conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
@@ -295,9 +302,9 @@ class PostgresStore(Store):
         self.conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(self.schema)))
         try:
             main = Settings(database_url=url, schema=self.schema, actor="bench",
-                            snapshot_interval=100)
+                            snapshot_interval=100, encryption_key=ENCRYPTION_KEY)
             nosnap = Settings(database_url=url, schema=self.schema, actor="bench",
-                              snapshot_interval=0)
+                              snapshot_interval=0, encryption_key=ENCRYPTION_KEY)
             super().__init__(main, nosnap, registry)
             for table in ("bench_floor", "bench_locked"):
                 self.conn.execute(sql.SQL(

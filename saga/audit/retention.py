@@ -18,6 +18,10 @@ non-redacted fields of a redacted event can no longer be re-checked against its 
 bytes, captured rows, secret outputs) are deleted in the same transaction (on SQLite with
 ``secure_delete``, so the freed pages are zeroed); the salted hashes the log keeps of them
 cannot be checked against a guess once the salts are gone.
+
+With payloads encrypted at rest (:mod:`saga.store.encryption`), ``shred=True`` is the
+other way: each due run's data key is deleted (with its snapshots and undo rows), no event
+is rewritten, and the sealed payloads become unreadable in every copy of the event store.
 """
 
 

@@ -19,7 +19,7 @@ def keys() -> None:
 
     \b
     Example:
-      saga keys rotate --new-key-env SAGA_NEW_KEY
+      saga keys rotate --new-key-env NEW_KEY
     """
 
 
@@ -46,7 +46,7 @@ def keys_rotate(variable: str) -> None:
 
     \b
     Example:
-      saga keys rotate --new-key-env SAGA_NEW_KEY
+      saga keys rotate --new-key-env NEW_KEY
     """
     new = os.environ.get(variable, "").strip()
     if not new:

@@ -3,7 +3,9 @@ by later runs for the same tool and parameters until it expires.
 
 Entries live in ``saga_cache`` beside the events. A hit is recorded in the step's
 ``StepCompleted`` with the run that produced the output, so the history still says where
-every output came from.
+every output came from. With payloads encrypted at rest (:mod:`saga.store.encryption`) an
+entry's output is sealed with the data key of the run that produced it (a shredded run's
+entries read as misses).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from saga.chain import canonical
+from saga.store.encryption import SEALED_KEY, open_value, seal_value, sealer_for
 from saga.store.side_tables import Database
 
 CACHE_DDL = ("""CREATE TABLE IF NOT EXISTS saga_cache (
@@ -33,6 +36,7 @@ class ToolCache:
     def __init__(self, db: Database, clock: Callable[[], float] = time.time) -> None:
         self.db = db
         self.clock = clock
+        self._sealer = sealer_for(db.settings)
         db.create(CACHE_DDL)
 
     def get(self, tool: str, parameters: Any) -> dict[str, Any] | None:
@@ -43,16 +47,26 @@ class ToolCache:
         if not rows:
             return None
         row = rows[0]
-        return {"output": json.loads(row["output"]), "run_id": row["run_id"],
+        output = json.loads(row["output"])
+        if isinstance(output, dict) and SEALED_KEY in output:
+            if self._sealer is None:
+                return None  # sealed, and no key configured here: as if not cached
+            plain = open_value(self._sealer, row["run_id"], f"cache|{key}", output)
+            if plain is None:  # the producing run was shredded
+                return None
+            output = json.loads(plain)
+        return {"output": output, "run_id": row["run_id"],
                 "step_id": row["step_id"], "key": key}
 
     def put(self, tool: str, parameters: Any, output: Any, run_id: str, step_id: str,
             seconds: float) -> None:
         """Remember an output for ``seconds``."""
+        key = cache_key(tool, parameters)
+        stored = json.dumps(output) if self._sealer is None else \
+            seal_value(self._sealer, run_id, f"cache|{key}", json.dumps(output).encode())
         self.db.execute(
             "INSERT INTO saga_cache (key, tool, run_id, step_id, output, expires_at) "
             "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO UPDATE SET run_id = excluded.run_id,"
             " step_id = excluded.step_id, output = excluded.output, "
             "expires_at = excluded.expires_at",
-            (cache_key(tool, parameters), tool, run_id, step_id, json.dumps(output),
-             self.clock() + seconds))
+            (key, tool, run_id, step_id, stored, self.clock() + seconds))

@@ -35,6 +35,7 @@ import base64
 import binascii
 import contextlib
 import hashlib
+import json
 import os
 import sqlite3
 import threading
@@ -48,6 +49,7 @@ from eventsourcing.utils import get_topic, resolve_topic
 
 from saga.chain import SEAL_FIELDS, payload_hash, payload_of, sign
 from saga.config import Settings
+from saga.domain import run_uuid
 from saga.errors import ConfigError, DoctoredSnapshotError, EncryptionKeyError
 from saga.lazy import lazy
 from saga.store.side_tables import Database
@@ -299,6 +301,42 @@ class Sealer:
                 self._cache.pop(uid, None)
 
 
+_SEALERS: dict[tuple[str, str | None], Sealer] = {}
+_SEALERS_LOCK = threading.Lock()
+
+
+def sealer_for(settings: Settings) -> Sealer | None:
+    """The process's one :class:`Sealer` of this store and key (the events, the undo store
+    and the cache share its unwrapped keys), or None when no key is configured. Its key
+    table's connection reopens on use after a close."""
+    if settings.encryption_key is None:
+        return None
+    where = (settings.store_description, settings.encryption_key)
+    with _SEALERS_LOCK:
+        found = _SEALERS.get(where)
+        if found is None:
+            found = _SEALERS[where] = Sealer(settings)
+        return found
+
+
+def seal_value(sealer: Sealer, run_id: str, label: str, value: bytes) -> str:
+    """``value`` (of a side table: the undo store, the cache) sealed with the run's data
+    key, as JSON text; ``label`` names where it is kept (its associated data)."""
+    uid = str(run_uuid(run_id))
+    cipher = sealer.data_key(uid, create=True)
+    if cipher is None:
+        raise EncryptionKeyError(f"run {uid}'s data key was shredded: nothing more can be "
+                                 "recorded for it")
+    return json.dumps(sealer.seal(cipher, f"{uid}|{label}".encode(), value))
+
+
+def open_value(sealer: Sealer, run_id: str, label: str, stored: Any) -> bytes | None:
+    """The plaintext of :func:`seal_value`'s text; None when the run's key was shredded."""
+    uid = str(run_uuid(run_id))
+    sealed = json.loads(stored) if isinstance(stored, str) else stored
+    return sealer.open(uid, f"{uid}|{label}".encode(), str(sealed[SEALED_KEY]))
+
+
 def _aad(uid: str, version: int, name: str) -> bytes:
     return f"{uid}|{version}|{name}".encode()
 
@@ -388,18 +426,22 @@ def sealing_mapper(settings: Settings, transcoder: Transcoder) -> SealingMapper 
 
     A store without a key still reads (and opens) sealed events when it is given a key
     later; without it, reading a sealed value is an :class:`EncryptionKeyError`."""
-    sealer = Sealer(settings)
+    sealer = sealer_for(settings) or Sealer(settings)
     return SealingMapper(transcoder, sealer,
                          settings.audit_key.encode() if settings.audit_key else None)
 
 
 def shred(settings: Settings, run_ids: Sequence[str]) -> int:
     """Delete these runs' data keys; returns how many were deleted."""
+    uids = [str(run_uuid(r)) for r in run_ids]
     keys = KeyStore(settings)
     try:
-        return keys.delete([str(UUID(str(r))) for r in run_ids])
+        return keys.delete(uids)
     finally:
         keys.close()
+        shared = sealer_for(settings)
+        if shared is not None:  # nor kept in this process's memory
+            shared.forget(uids)
 
 
 def rotate(settings: Settings, new_key: str) -> int:

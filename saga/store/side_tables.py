@@ -50,6 +50,7 @@ class Database:
                  adopt: tuple[Any, set[str]] | None = None) -> None:
         """Connect to the store's database, or ``adopt`` a connection to it and the DDL
         digests it read (:meth:`~saga.store.application.SagaApplication.take_connection`)."""
+        self.settings = settings
         self._env = settings.store_env()
         self._where = settings.store_description
         self.pg = settings.is_postgres

@@ -14,6 +14,10 @@ decrypt, so a key can be rotated) the state is encrypted with ``cryptography``'s
 (AES-128-CBC with an HMAC-SHA256). Without a key it is stored in plain text, readable by
 whoever can read the database, but still never in the chained log, an export or a report.
 ``saga retention apply`` deletes a run's rows when it redacts the run.
+
+With payloads encrypted at rest (:mod:`saga.store.encryption`) the state is sealed with
+the run's own data key instead (``encrypted`` 2), so shredding the run's key makes it
+unreadable in every copy of the table too.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from saga.chain import canonical, json_safe
 from saga.domain import run_uuid
 from saga.errors import ConfigError, ToolError
 from saga.lazy import lazy
+from saga.store.encryption import open_value, seal_value, sealer_for
 from saga.store.side_tables import Database
 
 if TYPE_CHECKING:
@@ -78,6 +83,7 @@ class UndoStore:
         self.db = db
         self.clock = clock
         self._cipher = cipher(key)  # a bad key is refused now, before anything runs
+        self._sealer = sealer_for(db.settings)
         self._created = False
 
     def _table(self) -> None:
@@ -97,9 +103,13 @@ class UndoStore:
         self._table()
         plain = canonical(json_safe(state))
         salt = os.urandom(16)
-        data = self._cipher.encrypt(plain).decode("ascii") if self._cipher else \
-            plain.decode("utf-8")
         ref = f"{idempotency_key}#{attempt}"
+        if self._sealer is not None:  # sealed with the run's data key
+            data, encrypted = seal_value(self._sealer, run_id, f"undo|{ref}", plain), 2
+        else:
+            data = self._cipher.encrypt(plain).decode("ascii") if self._cipher else \
+                plain.decode("utf-8")
+            encrypted = int(self.encrypts)
         self.db.execute(
             f"INSERT INTO {UNDO_TABLE} (ref, run_uuid, step_key, idempotency_key, attempt, "
             "salt, encrypted, data, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
@@ -107,7 +117,7 @@ class UndoStore:
             "encrypted = excluded.encrypted, data = excluded.data, "
             "created_at = excluded.created_at",
             (ref, str(run_uuid(run_id)), step_key, idempotency_key, attempt, salt.hex(),
-             int(self.encrypts), data, self.clock()))
+             encrypted, data, self.clock()))
         return {"ref": ref, "sha256": digest(salt, plain)}
 
     def get(self, reference: Any) -> Any:
@@ -117,14 +127,16 @@ class UndoStore:
         if not isinstance(reference, dict) or not isinstance(reference.get("ref"), str):
             raise _refused("the recorded undo reference is malformed", "UndoStateTampered")
         self._table()
-        rows = self.db.query(f"SELECT salt, encrypted, data FROM {UNDO_TABLE} WHERE ref = ?",
-                             (reference["ref"],))
+        rows = self.db.query(f"SELECT run_uuid, salt, encrypted, data FROM {UNDO_TABLE} "
+                             "WHERE ref = ?", (reference["ref"],))
         if not rows:
             raise _refused(f"no undo state {reference['ref']!r} in {UNDO_TABLE} (retention "
                            "clears it from old runs)", "UndoStateMissing")
         row = rows[0]
         plain = str(row["data"]).encode("utf-8")
-        if row["encrypted"]:
+        if row["encrypted"] == 2:
+            plain = self._sealed(str(row["run_uuid"]), reference["ref"], row["data"])
+        elif row["encrypted"]:
             if self._cipher is None:
                 raise _refused("the undo state is encrypted and SAGA_UNDO_KEY is not set",
                                "UndoKeyMissing")
@@ -142,6 +154,17 @@ class UndoStore:
                            "run recorded: it was changed, refusing to use it",
                            "UndoStateTampered")
         return json.loads(plain.decode("utf-8"))
+
+    def _sealed(self, run_id: str, ref: str, data: Any) -> bytes:
+        """Undo state sealed with its run's data key, opened."""
+        if self._sealer is None:
+            raise _refused("the undo state is encrypted at rest and no encryption key is "
+                           "configured", "UndoKeyMissing")
+        plain = open_value(self._sealer, run_id, f"undo|{ref}", data)
+        if plain is None:
+            raise _refused(f"the undo state {ref!r} is unreadable: its run's data key was "
+                           "shredded", "UndoStateMissing")
+        return plain
 
     def forget(self, run_id: str) -> int:
         """Delete a run's undo state; returns how many rows went."""

@@ -29,6 +29,8 @@ steps:
   - {id: a, tool: echo, args: {greeting: "hi {{ inputs.who }}", extra: "{{ inputs.tag }}"}}
   - {id: b, tool: echo, args: {again: "{{ a.extra }}"}}
   - {id: c, tool: echo, args: {n: 3}}
+  - {id: kept, tool: echo, args: {hidden: "{{ inputs.tag }}"}, secret_outputs: true}
+  - {id: cached, tool: echo, args: {memo: "{{ inputs.who }}"}, cache: 600}
 """
 
 
@@ -57,6 +59,16 @@ def cli(settings: Settings, cwd: Path, *args: str, key: str | None,
 def ok(done: subprocess.CompletedProcess[str]) -> str:
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+def side_rows(settings: Settings) -> bytes:
+    """The undo store's and the cache's rows, as the database holds them."""
+    db = Database(settings)
+    try:
+        return "".join(f"{dict(r)}" for table in ("saga_undo", "saga_cache")
+                       for r in db.query(f"SELECT * FROM {table}")).encode()
+    finally:
+        db.close()
 
 
 def raw_rows(settings: Settings) -> list[tuple[str, int, str, bytes]]:
@@ -92,6 +104,9 @@ def test_sealed_at_rest_and_read_by_new_processes(settings: Settings, tmp_path: 
     stored = b"".join(state for *_, state in rows)
     assert b"_sealed_" in stored
     assert SECRET_IN.encode() not in stored and SECRET_OUT.encode() not in stored
+    side = side_rows(settings)  # the undo store and the cache are sealed with the run's key
+    assert side.count(b"_sealed_") == 2
+    assert SECRET_IN.encode() not in side and SECRET_OUT.encode() not in side
     if not settings.is_postgres:  # nor anywhere in the database file
         files = b"".join(p.read_bytes() for p in settings.home.glob("saga.db*"))
         assert SECRET_IN.encode() not in files and SECRET_OUT.encode() not in files
@@ -102,6 +117,12 @@ def test_sealed_at_rest_and_read_by_new_processes(settings: Settings, tmp_path: 
     assert SECRET_IN in history and SECRET_OUT in history
     ok(cli(settings, tmp_path, "replay", run_id, "--verify", key=key))
     assert "ok" in ok(cli(settings, tmp_path, "audit", "verify", run_id, key=key))
+    # A second run reuses the cached output, opened with the first run's data key.
+    again = start(settings, tmp_path, key)
+    events = json.loads(ok(cli(settings, tmp_path, "history", again, "--json", key=key)))
+    hit = next(e for e in events if e["type"] == "StepCompleted"
+               and e["step_id"] == "cached")
+    assert hit["payload"]["cache"] and hit["payload"]["output"] == {"memo": SECRET_IN}
     # Without the key: the chain verifies, the history is one clear error.
     assert "ok" in ok(cli(settings, tmp_path, "audit", "verify", run_id, key=None))
     refused = cli(settings, tmp_path, "history", run_id, key=None)
@@ -116,7 +137,7 @@ def test_a_changed_ciphertext_breaks_the_chain_without_the_key(settings: Setting
     events = "saga_events" if settings.is_postgres else "stored_events"
     db = Database(settings)
     try:
-        where = "originator_id = ?" if db.pg else "originator_id = ?"
+        where = "originator_id = ?"
         oid: Any = run_id if db.pg else run_id.replace("-", "")
         row = db.query(f"SELECT state FROM {events} WHERE {where} AND originator_version = 3",
                        (oid,))[0]
