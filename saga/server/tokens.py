@@ -25,6 +25,7 @@ from starlette.requests import HTTPConnection
 
 from saga.config import DEFAULT_TENANT
 from saga.server.service import Service, Tokens
+from saga.store.partitions import parts_of
 from saga.store.tokens import SCOPES, TokenStore, parse_expiry
 
 #: Paths whose changes need ``admin`` (the rest need ``operate``).
@@ -167,5 +168,7 @@ def whoami(request: Request) -> dict[str, Any]:
     who = principal(request)
     if who is None:
         raise HTTPException(401, "a valid bearer token is required")
+    # the tenant's log position, where the viewer follows its events from
+    position = sum(part.probe() for part in parts_of(tenant_service(request).saga.app))
     return {"tenant": who.tenant, "scope": who.scope, "actor": who.actor,
-            "token_id": who.token_id}
+            "token_id": who.token_id, "position": position}

@@ -110,7 +110,9 @@ def test_scopes_tenants_and_the_recorded_actor(
             assert beta.post(f"/api/v1/runs/{run_id}/approve/deploy", json={}
                              ).status_code == 404
             assert beta.delete(f"/api/v1/tokens/{ids['acme', 'read']}").status_code == 404
+            # the viewer shows the tenant (its header asks whoami)
             assert beta.get("/api/v1/whoami").json()["tenant"] == "beta"
+            assert 'id="tenant"' in beta.get("/", headers={"Accept": "text/html"}).text
             # the approval made with the operate token names that token
             approved = operate.post(f"/api/v1/runs/{run_id}/approve/deploy", json={})
             assert approved.status_code == 200, approved.text

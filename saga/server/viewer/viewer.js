@@ -248,16 +248,27 @@ var saga = (function () {
 
     var refresh = debounce(load, 250);
     refreshTimes();
-    api("/api/v1/health").then(function (health) {
-      document.getElementById("store").textContent = health.store;
+    // the caller's tenant: its name in the header, and its log's position to follow from
+    Promise.all([api("/api/v1/health"), showTenant()]).then(function (both) {
+      document.getElementById("store").textContent = both[0].store;
       load();
-      follow("/api/v1/events?after=" + (health.position || 0), refresh, null);
+      follow("/api/v1/events?after=" + (both[1].position || 0), refresh, null);
+    });
+  }
+
+  // The tenant the viewer's token acts on, shown in the header (#tenant).
+  function showTenant() {
+    return api("/api/v1/whoami").then(function (who) {
+      var shown = document.getElementById("tenant");
+      if (shown) shown.textContent = "tenant " + who.tenant;
+      return who;
     });
   }
 
   // ---- one run -----------------------------------------------------------------------
   function runPage() {
     var runId = decodeURIComponent(location.pathname.replace(/^\/runs\//, ""));
+    showTenant();
     var base = "/api/v1/runs/" + encodeURIComponent(runId);
     document.title = "saga · " + runId;
     var view = {zoom: null};  // the graph's viewBox, kept across redraws once changed
