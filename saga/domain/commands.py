@@ -107,13 +107,19 @@ class RunCommands:
     def compensated(self, step_id: str, iteration: int, output: Any) -> None:
         """Record a successful compensation."""
         self.trigger_event(self.StepCompensated, step_id=step_id, iteration=iteration,
-                           output=output)
+                           output=output, actor=self._undoer())
 
     def compensation_failed(self, step_id: str, iteration: int, error_type: str,
                             message: str) -> None:
         """Record a failed compensation."""
         self.trigger_event(self.CompensationFailed, step_id=step_id, iteration=iteration,
-                           error_type=error_type, message=message)
+                           error_type=error_type, message=message, actor=self._undoer())
+
+    def _undoer(self) -> str | None:
+        """Who a compensation is recorded for: a reset's undo is its actor's (None: the
+        run's own actor, as for every other rollback)."""
+        comp: dict[str, Any] | None = getattr(self, "compensation", None)
+        return comp.get("actor") if comp and comp.get("reset") else None
 
     def finish(self, status: str, outputs: Any = None, error: dict[str, Any] | None = None,
                failed_step: str | None = None, actor: str | None = None) -> None:

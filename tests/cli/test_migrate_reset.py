@@ -191,8 +191,11 @@ def test_reset_to_a_middle_step_undoes_then_reruns_with_new_keys(
         reset_at = kinds.index("RunReset")
         assert kinds[reset_at:reset_at + 4] == ["RunReset", "StepCompensated",
                                                 "StepCompensated", "StepsReopened"]
-        event = s.events("R-reset")[reset_at]
+        events = s.events("R-reset")
+        event = events[reset_at]
         assert (event.actor, event.reason, event.undo) == ("ops", "card fixed", ["c", "b"])
+        assert {e.actor for e in events[reset_at + 1:reset_at + 3]} == {"ops"}  # not tester
+        assert events[0].actor == "tester"
         assert s.get("R-reset").steps["a"]["idempotency_key"] == "R-reset:a:0"  # kept
     verified("R-reset", settings, calls)
 
@@ -227,3 +230,44 @@ def test_labels_change_as_the_run_runs_and_a_new_process_lists_by_them(
     gone = cli(["list", "--label", "ticket=T-1", "--json"], settings, calls)
     assert json.loads(gone.stdout) == []
     verified("R-lab", settings, calls)
+
+
+def test_a_use_target_change_diverges_only_once_the_child_started(
+        sqlite_settings: Settings, registry: Registry, tmp_path: Path) -> None:
+    for name in ("child1", "child2"):
+        (tmp_path / f"{name}.yaml").write_text(
+            f"name: {name}\nsteps:\n  - id: x\n    tool: act\n    parameters: {{value: 1}}\n")
+
+    def parent(child: str) -> dict[str, Any]:
+        return {"name": "parent", "steps": [
+            {"id": "a", "tool": "act", "parameters": {"value": 0}},
+            {"id": "n", "use": str(tmp_path / f"{child}.yaml"), "depends_on": ["a"],
+             "confirm": "go?"},
+            {"id": "z", "tool": "act", "parameters": {"value": 9}, "depends_on": ["n"],
+             "confirm": "end?"}]}
+    with Saga(sqlite_settings, registry=registry) as s:
+        s.run(s.load(parent("child1")), run_id="P")
+        assert s.migrate("P", s.load(parent("child2")), dry_run=True).safe  # not started
+        s.approve("P", "n")
+        assert s.resume("P").pending_approvals == ["z"]  # the child ran
+        with pytest.raises(MigrationRefusedError, match=r"step n: .*child2"):
+            s.migrate("P", s.load(parent("child2")))
+
+
+def test_a_redacted_run_cannot_be_reset_or_migrated(
+        sqlite_settings: Settings, registry: Registry, tmp_path: Path) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from saga.audit.retention import apply_retention
+
+    v1 = tmp_path / "v1.yaml"
+    v1.write_text(V1)
+    with Saga(sqlite_settings, registry=registry) as s:
+        s.run(str(v1), run_id="R-old")
+    later = datetime.now(UTC) + timedelta(days=30)
+    assert apply_retention(sqlite_settings, 1, now=later)
+    with Saga(sqlite_settings, registry=registry) as s:
+        version = s.get("R-old").version
+        with pytest.raises(RunStateError, match="redacted"):
+            s.reset("R-old", "b")
+        assert s.get("R-old").version == version
