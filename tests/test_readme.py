@@ -347,7 +347,7 @@ def test_the_tutorials_service_step_works_when_pasted(tmp_path: Path) -> None:
     try:
         done = subprocess.run(["bash", "-c", as_script(block.replace("http://127.0.0.1:8080",
                                                                      server.url))],
-                              capture_output=True, text=True, timeout=120)
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
     finally:
         server.stop()
     assert done.returncode == 0, done.stderr

@@ -21,7 +21,8 @@ from saga.views import LogReader, run_events_after
 
 @main.command()
 @click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to listen on (beyond loopback, SAGA_API_TOKEN is required).")
+              help="Address to listen on (beyond loopback, SAGA_API_TOKEN is required; "
+                   "without it, a token is made and a sign-in URL printed).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
 @click.option("--no-worker", is_flag=True,
               help="Do not drive runs here: other `saga worker` processes do.")
@@ -41,18 +42,35 @@ def serve(host: str, port: int, no_worker: bool, concurrency: int,
         import uvicorn
 
         from saga.server.app import create_app
+        from saga.server.browser import generate_token
         from saga.server.service import Tokens, check_bind
+        from saga.server.timeouts import MAX_HEADER_BYTES, HeaderDeadline
     except ImportError as e:
         raise ConfigError(f"saga serve needs the serve extra ({e.name} is missing): "
                           "pip install 'saga[serve]'") from None
     settings = load_settings()
-    check_bind(host, Tokens.from_env())
-    app = create_app(settings, tools=tools, worker=not no_worker, concurrency=concurrency)
+    tokens = Tokens.from_env()
+    check_bind(host, tokens)
+    sign_in = None
+    if not tokens.required:
+        # no token is no reason to let any web page or local user drive the runs: make
+        # one, keep it for this user only, and sign the operator's browser in with it
+        token, kept = generate_token(settings.home)
+        tokens = Tokens(write=token, name=tokens.name)
+        shown = f"[{host}]" if ":" in host else host
+        sign_in = f"http://{shown}:{port}/?token={token}"
+    app = create_app(settings, tools=tools, worker=not no_worker, concurrency=concurrency,
+                     tokens=tokens, hosts=(host,))
     note(f"saga serving http://{host}:{port}/ on {settings.store_description}"
          f"{'' if no_worker else f' with a worker ({concurrency} at once)'}")
+    if sign_in is not None:
+        note(f"sign in (once per browser): {sign_in}\n"
+             f"the API token is in {kept} (send it as Authorization: Bearer ...)")
     # With --log-format, uvicorn's lines go through saga's handler too (JSON or text).
     extra: dict[str, Any] = {"log_config": None} if logs.configured() else {}
-    uvicorn.run(app, host=host, port=port, log_level="warning", **extra)
+    uvicorn.run(app, host=host, port=port, log_level="warning", http=HeaderDeadline,
+                timeout_keep_alive=5, h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+                **extra)
 
 
 @main.command()

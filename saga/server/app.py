@@ -2,9 +2,9 @@
 the viewer's pages.
 
 Access: with ``SAGA_API_TOKEN`` set, every request but ``/api/v1/health`` carries
-``Authorization: Bearer <token>`` (a page or an event stream may carry it in the
-``saga_token`` cookie instead, which the viewer sets; a change never may, so no other
-site can make a browser change a run). ``SAGA_API_READ_TOKEN`` reads but cannot change.
+``Authorization: Bearer <token>``, or a viewer session's cookie (see
+:mod:`saga.server.browser`, which also checks ``Host`` and ``Origin`` in front of this
+guard). ``SAGA_API_READ_TOKEN`` reads but cannot change.
 ``/metrics`` (Prometheus) is behind the same rule.
 """
 
@@ -13,10 +13,8 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from http.cookies import SimpleCookie
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from urllib.parse import unquote
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
@@ -27,8 +25,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from saga.config import DEFAULT_TENANT, Settings, load_settings
 from saga.errors import ConfigError, RunNotFoundError, SagaError
-from saga.server import compositions, revisions, runs, streams
+from saga.server import browser, compositions, revisions, runs, streams
 from saga.server import tokens as api_tokens
+from saga.server.browser import serve_hosts
 from saga.server.service import (
     Service,
     Tokens,
@@ -44,7 +43,6 @@ HEALTH = "/api/v1/health"
 MAX_BODY = 1 << 20
 #: Who asks for the health of the service (anyone may).
 OPEN = api_tokens.Principal(DEFAULT_TENANT, "read", "anyone")
-_COOKIE = "saga_token"
 
 
 class Guard:
@@ -60,8 +58,6 @@ class Guard:
         headers = Headers(scope=scope)
         safe = scope["type"] == "websocket" or scope.get("method") in ("GET", "HEAD")
         presented = _bearer(headers)
-        if presented is None and safe:
-            presented = _cookie(headers)
         # who it is: a tenant, a scope (read, operate, admin) and an actor
         who = OPEN if scope["path"] == HEALTH else api_tokens.resolve(self.tokens, presented)
         if who is None:
@@ -100,16 +96,6 @@ def _bearer(headers: Headers) -> str | None:
     return token.strip() or None if scheme.lower() == "bearer" else None
 
 
-def _cookie(headers: Headers) -> str | None:
-    jar: SimpleCookie = SimpleCookie()
-    try:
-        jar.load(headers.get("cookie", ""))
-    except Exception:  # a malformed cookie header is no token
-        return None
-    morsel = jar.get(_COOKIE)
-    return unquote(morsel.value) if morsel is not None and morsel.value else None
-
-
 async def _deny(scope: Scope, receive: Receive, send: Send, status: int, detail: str) -> None:
     if scope["type"] == "websocket":
         await send({"type": "websocket.close", "code": 4000 + status})
@@ -126,7 +112,7 @@ async def _deny(scope: Scope, receive: Receive, send: Send, status: int, detail:
 
 def create_app(settings: Settings | None = None, *, tools: tuple[str, ...] = (),
                tokens: Tokens | None = None, worker: bool = True, concurrency: int = 4,
-               max_body: int | None = None) -> FastAPI:
+               max_body: int | None = None, hosts: tuple[str, ...] = ()) -> FastAPI:
     """The service's ASGI app over the configured store."""
     service = Service(settings or load_settings(), tools=tools, tokens=tokens, worker=worker,
                       concurrency=concurrency)
@@ -146,6 +132,9 @@ def create_app(settings: Settings | None = None, *, tools: tuple[str, ...] = (),
     limit = max_body if max_body is not None else int(os.environ.get("SAGA_API_MAX_BODY",
                                                                      MAX_BODY))
     app.add_middleware(Guard, tokens=service.tokens, max_body=limit)
+    app.add_middleware(browser.BrowserGuard, access=service.tokens.access,
+                       sessions=service.sessions, viewer=VIEWER,
+                       hosts=browser.allowed_hosts([*hosts, *serve_hosts(service.settings)]))
 
     async def saga_error(_: Request, e: Exception) -> Response:
         assert isinstance(e, SagaError)
@@ -171,6 +160,7 @@ def create_app(settings: Settings | None = None, *, tools: tuple[str, ...] = (),
     app.include_router(revisions.router)
     app.include_router(compositions.router)
     app.include_router(streams.router)
+    app.include_router(browser.router)
     app.include_router(api_tokens.router)
     _metrics_route(app, service)
     _viewer_routes(app)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Path, Query, Request
+from fastapi import APIRouter, Body, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -286,9 +286,13 @@ def verify(request: Request, run_id: str) -> dict[str, Any]:
 def get_report(request: Request, format: str = Query("json", pattern="^(json|md|csv|html)$"),
                since: str | None = None, until: str | None = None,
                definition: str | None = None, actor: str | None = None,
-               status: str | None = None, label: Annotated[list[str] | None, Query()] = None
-               ) -> Response:
-    """The compliance report (``saga report``) of the runs that match."""
+               status: str | None = None, label: Annotated[list[str] | None, Query()] = None,
+               tenant: str | None = None) -> Response:
+    """The compliance report (``saga report``) of the runs that match, of the token's
+    tenant (``tenant``, when given, must be it)."""
+    if tenant is not None and tenant != service(request).settings.tenant:
+        # as for another tenant's run: not found, whether that tenant exists or not
+        raise HTTPException(404, f"no tenant {tenant!r}")
     labels = dict(pair.partition("=")[::2] for pair in label or ())
     try:
         built = report.build_report(service(request).saga, since=since, until=until,
@@ -299,7 +303,10 @@ def get_report(request: Request, format: str = Query("json", pattern="^(json|md|
     text = report.render(built, format)
     media = {"json": "application/json", "md": "text/markdown", "csv": "text/csv",
              "html": "text/html"}[format]
-    return Response(text, media_type=media)
+    # a download, never a page of this origin: a run's name is not markup here
+    return Response(text, media_type=media, headers={
+        "Content-Disposition": f"attachment; filename=saga-report.{format}",
+        "X-Content-Type-Options": "nosniff"})
 
 
 @router.get("/schedules", tags=["schedules"])

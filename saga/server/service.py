@@ -30,6 +30,7 @@ from saga.errors import (
     RunStateError,
     SagaError,
 )
+from saga.server.browser import SESSION_SECONDS, Sessions
 from saga.store.tokens import TokenStore
 
 log = logging.getLogger("saga.server")
@@ -101,6 +102,9 @@ class Service:
         self._tokens: TokenStore | None = None
         self._tenants: dict[str, Service] = {}
         self._tenants_lock = threading.Lock()
+        # viewer sessions: a browser's cookie holds a random id, never the token
+        self.sessions = Sessions(float(os.environ.get("SAGA_SESSION_SECONDS")
+                                       or SESSION_SECONDS))
         self.saga = Saga(settings, tools=tools)
         self.with_worker, self.concurrency, self.poll = worker, concurrency, poll
         self._stop = threading.Event()

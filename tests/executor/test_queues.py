@@ -451,7 +451,8 @@ def test_http_submit_takes_queue_and_priority(sqlite_settings: Settings) -> None
 
     from saga.server.app import create_app
 
-    with TestClient(create_app(sqlite_settings, worker=False)) as client:
+    with TestClient(create_app(sqlite_settings, worker=False),
+                    base_url="http://127.0.0.1") as client:
         body = {"composition": one_step("web", queue="reports"), "queue": "urgent",
                 "priority": 3}
         sent = client.post("/api/v1/runs", json=body)

@@ -167,7 +167,7 @@ def test_template_documents_run_from_the_cli_and_the_api(settings: Settings, tmp
 
     monkeypatch.setenv("SAGA_TEMPLATES", str(folder))
     app = create_app(settings, tools=("tests.standins.standins",), worker=False)
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://127.0.0.1") as client:
         answer = client.post("/api/v1/compositions/execute",
                              json={"template_id": "search-fold-store-v1",
                                    "input": {"query": "invoices"}})

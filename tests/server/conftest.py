@@ -35,8 +35,8 @@ def store_env(settings: Settings, **extra: str) -> dict[str, str]:
     if settings.is_postgres:
         env["SAGA_DATABASE_URL"] = settings.database_url or ""
         env["SAGA_DATABASE_SCHEMA"] = settings.schema or ""
-    else:
-        env["SAGA_HOME"] = str(settings.home)
+    # the home holds the token a server makes when it is given none (serve-token)
+    env["SAGA_HOME"] = str(settings.home)
     env.update(extra)
     return env
 
@@ -85,7 +85,28 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.kill()
 
-    def client(self, token: str | None = None, **headers: str) -> httpx.Client:
+    @property
+    def token(self) -> str:
+        """The server's write token: the one it was given, else the one it made."""
+        given = self.env.get("SAGA_API_TOKEN")
+        if given:
+            return given
+        return (self.settings.home / "serve-token").read_text(encoding="utf-8").strip()
+
+    @property
+    def auth(self) -> dict[str, str]:
+        """The header that carries the server's token."""
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def page(self, path: str = "/") -> str:
+        """A URL of the viewer that signs the browser in on the way (as the URL that
+        ``saga serve`` prints does)."""
+        return f"{self.url}{path}{'&' if '?' in path else '?'}token={self.token}"
+
+    def client(self, token: str | None = "", **headers: str) -> httpx.Client:
+        """A client with the server's token (``""``), another one, or none (None)."""
+        if token == "":
+            token = self.token
         if token:
             headers["Authorization"] = f"Bearer {token}"
         return httpx.Client(base_url=self.url, headers=headers, timeout=30)

@@ -193,7 +193,7 @@ def test_approve_and_signal_over_http_record_the_actor(sqlite_server: Server) ->
 def test_tokens(make_server: Any) -> None:
     server = make_server(SAGA_API_TOKEN="w-secret", SAGA_API_READ_TOKEN="r-secret",
                          SAGA_API_TOKEN_NAME="ci")
-    with server.client() as anonymous:
+    with server.client(None) as anonymous:
         assert anonymous.get("/api/v1/health").status_code == 200
         assert anonymous.get("/api/v1/runs").status_code == 401
         assert anonymous.get("/openapi.json").status_code == 401
@@ -208,12 +208,16 @@ def test_tokens(make_server: Any) -> None:
     with server.client("w-secret") as writer:
         run_id = writer.post("/api/v1/runs", json={"template": "quickstart"}).json()["run_id"]
         assert server.wait_for(writer, run_id)["actor"] == "ci"
-    with httpx.Client(base_url=server.url, cookies={"saga_token": "r-secret"}) as browser:
-        assert browser.get("/api/v1/runs").status_code == 200  # pages and streams: cookie
+    with httpx.Client(base_url=server.url, cookies={"saga_token": "w-secret"}) as old:
+        # a token in a cookie is no longer anything (any local page could read it)
+        assert old.get("/api/v1/runs").status_code == 401
+    with httpx.Client(base_url=server.url) as browser:  # a session signed in as a reader
+        assert browser.post("/api/v1/session", json={"token": "r-secret"}).status_code == 200
+        assert browser.get("/api/v1/runs").status_code == 200
         assert browser.get("/").status_code == 200
-    with httpx.Client(base_url=server.url, cookies={"saga_token": "w-secret"}) as forged:
-        # a change never rides on a cookie, so another site cannot make a browser do it
-        assert forged.post("/api/v1/runs", json={"template": "quickstart"}).status_code == 401
+        csrf = browser.get("/api/v1/session").json()["csrf"]
+        assert browser.post("/api/v1/runs", json={"template": "quickstart"},
+                            headers={"X-Saga-CSRF": csrf}).status_code == 403
 
 
 def test_binding_beyond_loopback_needs_a_token(sqlite_settings: Any) -> None:
@@ -290,7 +294,7 @@ def test_the_documented_curl_examples_work_when_pasted(sqlite_server: Server) ->
     for block in posts:
         command = block.replace("http://127.0.0.1:8080", sqlite_server.url)
         done = subprocess.run(["bash", "-c", command], capture_output=True, text=True,
-                              timeout=60)
+                              timeout=60, cwd=sqlite_server.settings.home.parent)
         assert done.returncode == 0, done.stderr
         answers.append(json.loads(done.stdout))
     assert answers[0]["status"] == "completed"

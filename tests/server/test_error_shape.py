@@ -16,7 +16,7 @@ from saga.server.service import Tokens
 
 @pytest.fixture
 def client(settings: Settings) -> Iterator[TestClient]:
-    with TestClient(create_app(settings, worker=False)) as c:
+    with TestClient(create_app(settings, worker=False), base_url="http://127.0.0.1") as c:
         yield c
 
 
@@ -50,7 +50,7 @@ def test_every_error_is_error_and_detail(client: TestClient) -> None:
 
 def test_unauthenticated_answers_name_no_path(settings: Settings) -> None:
     app = create_app(settings, worker=False, tokens=Tokens(write="secret-admin-token"))
-    with TestClient(app) as anonymous:
+    with TestClient(app, base_url="http://127.0.0.1") as anonymous:
         health = anonymous.get("/api/v1/health")
         assert health.status_code == 200
         body = health.json()

@@ -24,7 +24,7 @@ def test_metrics_count_what_the_service_records(make_server: Callable[..., Serve
     started = next(e for e in history if e["type"] == "RunStarted")
     assert started["payload"]["context"]["traceparent"] == CALLER
 
-    with server.client() as anonymous:
+    with server.client(None) as anonymous:
         assert anonymous.get("/metrics").status_code == 401
     with server.client("r-secret") as reader:  # a read token is enough to scrape
         deadline = time.monotonic() + 30

@@ -83,7 +83,7 @@ def test_the_websocket_speaks_seed_002(sqlite_server: Server) -> None:
                                               "inputs": {"fail_at": "ship"}}).json()["run_id"]
         sqlite_server.wait_for(c, run_id)
     url = sqlite_server.url.replace("http", "ws") + f"/ws?run={run_id}"
-    with connect(url) as ws:
+    with connect(url, additional_headers=sqlite_server.auth) as ws:
         messages = []
         while True:
             try:
@@ -107,7 +107,7 @@ def test_confirmation_required_reaches_the_websocket(sqlite_server: Server) -> N
         start = c.get("/api/v1/health").json()["position"]
         run_id = c.post("/api/v1/runs", json={"composition": gated}).json()["run_id"]
         url = sqlite_server.url.replace("http", "ws") + f"/ws?after={start}"
-        with connect(url) as ws:
+        with connect(url, additional_headers=sqlite_server.auth) as ws:
             seen = []
             while "confirmation_required" not in seen:
                 seen.append(json.loads(ws.recv(timeout=10))["type"])

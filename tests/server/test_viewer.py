@@ -66,7 +66,7 @@ def test_the_list_and_a_run_in_a_browser(sqlite_server: Server,
         done = c.post("/api/v1/runs", json={"template": "quickstart",
                                             "inputs": {"fail_at": "ship"}}).json()["run_id"]
         sqlite_server.wait_for(c, done)
-    browser.get(sqlite_server.url + "/")
+    browser.get(sqlite_server.page("/"))
     row = wait(browser, f'tr[data-run="{done}"]')[0]
     assert row.get_attribute("data-status") == "compensated"
     assert "quickstart" in row.text
@@ -76,7 +76,7 @@ def test_the_list_and_a_run_in_a_browser(sqlite_server: Server,
     wait(browser, f'tr[data-run="{later}"][data-status="completed"]')
     shot(browser, "runs.png")
 
-    browser.get(sqlite_server.url + f"/runs/{done}")
+    browser.get(sqlite_server.page(f"/runs/{done}"))
     wait(browser, '#graph g.node[data-step="ship"]')
     nodes = {n.get_attribute("data-step"): n.get_attribute("data-status")
              for n in browser.find_elements(By.CSS_SELECTOR, "#graph g.node")}
@@ -102,7 +102,7 @@ def test_approve_from_the_page_and_watch_it_finish(sqlite_server: Server,
     with sqlite_server.client() as c:
         run_id = c.post("/api/v1/runs", json={"composition": gated}).json()["run_id"]
         sqlite_server.wait_for(c, run_id, lambda r: bool(r.get("waiting_for")))
-    browser.get(sqlite_server.url + f"/runs/{run_id}")
+    browser.get(sqlite_server.page(f"/runs/{run_id}"))
     button = wait(browser, '[data-approval="deploy"] button[data-action="approve"]')[0]
     assert "deploy to prod?" in browser.find_element(By.CSS_SELECTOR,
                                                      '[data-approval="deploy"]').text
@@ -125,5 +125,5 @@ def test_the_viewer_asks_for_the_token_once(make_server: Any,
     field.send_keys("s3cret")
     browser.find_element(By.CSS_SELECTOR, "form#login button").click()
     wait(browser, f'tr[data-run="{run_id}"]')
-    browser.get(server.url + f"/runs/{run_id}")  # the cookie is kept: no second prompt
+    browser.get(server.url + f"/runs/{run_id}")  # the session is kept: no second prompt
     wait(browser, '#graph g.node[data-status="completed"]')

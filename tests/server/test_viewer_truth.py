@@ -53,7 +53,7 @@ def until(driver: webdriver.Chrome, check: Any, seconds: float = 20) -> Any:
 def test_a_step_whose_undo_failed_is_not_undone_everywhere(sqlite_server: Server,
                                                           browser: webdriver.Chrome) -> None:
     run = start(sqlite_server, {"composition": UNDO_FAILS})
-    browser.get(f"{sqlite_server.url}/runs/{run['run_id']}")
+    browser.get(sqlite_server.page(f"/runs/{run['run_id']}"))
     wait(browser, '#steps tbody tr[data-step="notify"]')
     want = {"reserve": "compensated", "charge": "not undone", "ship": "failed",
             "notify": "pending"}  # the step never started is listed, as pending
@@ -78,7 +78,7 @@ def test_only_the_controls_the_api_accepts_are_offered(sqlite_server: Server,
     failed = start(sqlite_server, {"composition": {"name": "fails", "steps": [
         {"id": "a", "tool": "act", "args": {"fail": True}}]}})
     for run in (compensated, failed):
-        browser.get(f"{sqlite_server.url}/runs/{run['run_id']}")
+        browser.get(sqlite_server.page(f"/runs/{run['run_id']}"))
         wait(browser, "#graph g.node")
         shown = {b.get_attribute("data-action")
                  for b in browser.find_elements(By.CSS_SELECTOR, "#summary [data-action]")}
@@ -92,7 +92,7 @@ def test_approve_and_reject_confirm_first_and_record_the_comment(
     for verb, comment, ends in (("approve", "checked the diff", "completed"),
                                 ("reject", "not on a Friday", "failed")):
         run = start(sqlite_server, {"composition": GATED}, waiting)
-        browser.get(f"{sqlite_server.url}/runs/{run['run_id']}")
+        browser.get(sqlite_server.page(f"/runs/{run['run_id']}"))
         wait(browser, '#graph g.node[data-step="deploy"][data-status="waiting"]')
         assert statuses(browser, "#steps tbody tr")["deploy"] == "waiting"  # as the graph
         button = f'[data-approval="deploy"] [data-action="{verb}"]'
@@ -119,7 +119,7 @@ def test_approve_and_reject_confirm_first_and_record_the_comment(
 
 def test_an_unknown_run_is_a_404_page_with_a_way_back(sqlite_server: Server,
                                                       browser: webdriver.Chrome) -> None:
-    browser.get(f"{sqlite_server.url}/runs/no-such-run")
+    browser.get(sqlite_server.page(f"/runs/no-such-run"))
     assert "No such run" in wait(browser, "#notfound")[0].text
     assert browser.find_element(By.ID, "wanted").text == "no-such-run"
     assert not browser.find_elements(By.CSS_SELECTOR, ".card h2")  # no empty cards
@@ -136,7 +136,7 @@ def test_the_list_searches_by_prefix_and_pages(sqlite_server: Server,
             c.post("/api/v1/runs", json={"template": "quickstart", "run_id": run_id})
         for run_id in ids:
             sqlite_server.wait_for(c, run_id)
-    browser.get(f"{sqlite_server.url}/?limit=2")
+    browser.get(sqlite_server.page(f"/?limit=2"))
     wait(browser, "tr[data-run]")
     seen: list[str] = []
     for _ in range(3):
@@ -163,7 +163,7 @@ def test_the_list_searches_by_prefix_and_pages(sqlite_server: Server,
 def test_the_graph_fits_zooms_and_draws_conditions_and_undo(sqlite_server: Server,
                                                             browser: webdriver.Chrome) -> None:
     run = start(sqlite_server, {"template": "quickstart", "inputs": {"fail_at": "ship"}})
-    browser.get(f"{sqlite_server.url}/runs/{run['run_id']}")
+    browser.get(sqlite_server.page(f"/runs/{run['run_id']}"))
     wait(browser, "#graph g.node")
     undo = browser.find_elements(By.CSS_SELECTOR, '#graph g.link[data-kind="undo"]')
     assert [(u.get_attribute("data-from"), u.get_attribute("data-to")) for u in undo] == \
@@ -174,7 +174,7 @@ def test_the_graph_fits_zooms_and_draws_conditions_and_undo(sqlite_server: Serve
     assert "when inputs.fail_at" in node.text and "undo: echo" in node.text
 
     long = start(sqlite_server, {"composition": LONG})
-    browser.get(f"{sqlite_server.url}/runs/{long['run_id']}")
+    browser.get(sqlite_server.page(f"/runs/{long['run_id']}"))
     wait(browser, "#graph g.node")
     box = browser.find_element(By.ID, "graph")
     svg = box.find_element(By.TAG_NAME, "svg")
@@ -201,7 +201,7 @@ def test_cancelled_is_not_painted_as_failed(sqlite_server: Server,
     with sqlite_server.client() as c:
         c.post(f"/api/v1/runs/{run['run_id']}/cancel", json={}).raise_for_status()
         sqlite_server.wait_for(c, run["run_id"])
-    browser.get(f"{sqlite_server.url}/runs/{run['run_id']}")
+    browser.get(sqlite_server.page(f"/runs/{run['run_id']}"))
     cancelled = wait(browser, "#summary .badge.s-cancelled")[0]
     failed = browser.execute_script(  # a failed badge's colour, on this page's style sheet
         "var s = document.createElement('span'); s.className = 'badge s-failed';"
@@ -219,7 +219,7 @@ def test_a_parent_waiting_for_its_child_links_to_the_child(make_server: Any, tmp
     parent = start(server, {"composition": {"name": "parent", "steps": [
         {"id": "nested", "use": "gated_child"}]}},
         lambda r: bool(r.get("waiting_for_children")))
-    browser.get(f"{server.url}/runs/{parent['run_id']}")
+    browser.get(server.page(f"/runs/{parent['run_id']}"))
     note = wait(browser, "#summary .child-wait")[0]
     child = parent["waiting_for_children"][0]["run_id"]
     assert note.get_attribute("data-child") == child

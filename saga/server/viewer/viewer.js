@@ -15,20 +15,29 @@ var saga = (function () {
   var PAGE = 50;  // runs per page of the list
   var LONG = 160;  // an output longer than this (or of several lines) starts collapsed
 
-  function token() {
-    var m = document.cookie.match(/(?:^|;\s*)saga_token=([^;]*)/);
-    return m ? decodeURIComponent(m[1]) : null;
+  // The session cookie is HttpOnly (this script never sees the token); a change carries
+  // the session's CSRF token, which only a page of this service can read.
+  var csrf = null;
+  function session() {
+    if (!csrf) csrf = fetch("/api/v1/session", {headers: {"Accept": "application/json"}})
+      .then(function (r) { return r.json(); })
+      .then(function (s) { return s.csrf || ""; });
+    return csrf;
   }
 
   function api(path, options) {
     options = options || {};
+    var method = options.method || "GET";
     var headers = {"Accept": "application/json"};
-    var t = token();
-    if (t) headers["Authorization"] = "Bearer " + t;
-    if (options.body !== undefined) headers["Content-Type"] = "application/json";
-    return fetch(path, {method: options.method || "GET", headers: headers,
-                        body: options.body === undefined ? undefined : JSON.stringify(options.body)})
-      .then(function (r) {
+    var ready = Promise.resolve();
+    if (method !== "GET") {
+      headers["Content-Type"] = "application/json";
+      ready = session().then(function (t) { headers["X-Saga-CSRF"] = t; });
+    }
+    return ready.then(function () {
+      return fetch(path, {method: method, headers: headers, credentials: "same-origin",
+                          body: options.body === undefined ? undefined : JSON.stringify(options.body)});
+    }).then(function (r) {
         if (r.status === 401) { location.reload(); throw new Error("unauthorised"); }
         var kind = r.headers.get("content-type") || "";
         var body = kind.indexOf("json") >= 0 ? r.json() : r.text();
