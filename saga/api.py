@@ -530,7 +530,7 @@ class Saga:
     def verify(self, run_id: str) -> replay.Divergence | None:
         """Replay the run's history through the current scheduler; the first divergence."""
         events = self.events(run_id)
-        if events and getattr(events[0], "inputs", None) == audit.REDACTED:
+        if events and audit.redacted(getattr(events[0], "inputs", None)):
             raise RunStateError(f"run {run_id} was redacted by retention: its inputs and "
                                 "outputs are gone, so its decisions cannot be replayed")
         return replay.verify(events)
@@ -680,7 +680,7 @@ def _refuse(run: Run, control: str) -> None:
 def _refuse_redacted(run: Run) -> None:
     """A run whose user data retention removed cannot be driven: its tools would get
     ``{"_redacted": true}`` where parameters and outputs were."""
-    if run.inputs == audit.REDACTED:
+    if audit.redacted(run.inputs):
         raise RunStateError(f"run {run.run_id} was redacted by retention; it can no longer "
                             "be resumed, retried, compensated or cancelled")
 

@@ -17,6 +17,7 @@ from saga.audit.chain import (
     TRANSPLANTED,
     Record,
     Result,
+    redacted,
     verify_records,
 )
 from saga.audit.export import export_events, export_run, parse_export, verify_export
@@ -29,5 +30,5 @@ __all__ = [
     "REASONS", "REDACTABLE", "REDACTED", "SNAPSHOT_DOCTORED", "TRANSPLANTED", "Record",
     "Result", "RunNotFoundError",
     "apply_retention", "audit_key", "export_events", "export_run", "parse_export",
-    "read_records", "run_ids", "verify_export", "verify_records", "verify_store",
+    "read_records", "redacted", "run_ids", "verify_export", "verify_records", "verify_store",
 ]

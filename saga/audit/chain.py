@@ -207,6 +207,12 @@ def _retained(later: Sequence[Record]) -> dict[str, str]:
     return found
 
 
+def redacted(value: Any) -> bool:
+    """Whether a payload value is gone: redacted by retention, or unreadable because its
+    run's data key was shredded (``{"_redacted": true, "_shredded": true}``)."""
+    return isinstance(value, dict) and value.get("_redacted") is True
+
+
 def _is_redacted(record: Record) -> bool:
     return any(record.state.get(f) == REDACTED for f in REDACTABLE.get(record.type_name, ()))
 

@@ -181,6 +181,8 @@ def test_rotation_then_shredding(settings: Settings, tmp_path: Path) -> None:
     assert [e["type"] for e in history][:2] == ["RunStarted", "StepStarted"]
     assert history[0]["payload"]["inputs"] == {"_redacted": True, "_shredded": True}
     assert SECRET_IN not in json.dumps(history) and SECRET_OUT not in json.dumps(history)
+    replayed = cli(settings, tmp_path, "replay", run_id, "--verify", key=new)
+    assert replayed.returncode == 2 and "redacted" in replayed.stderr  # not a divergence
     report = json.loads(ok(cli(settings, tmp_path, "report", "--format", "json", key=new)))
     assert run_id in json.dumps(report)
     # The rows copied before the shred no longer open: the key is gone, not the rows.
