@@ -107,6 +107,7 @@ def test_scopes_tenants_and_the_recorded_actor(
             assert admin.delete("/api/v1/schedules/nightly").status_code == 404  # none
             # another tenant's run is not found, whatever the scope, and its tokens too
             assert beta.get(f"/api/v1/runs/{run_id}").status_code == 404
+            assert beta.get("/api/v1/report?tenant=acme").status_code == 404
             assert beta.post(f"/api/v1/runs/{run_id}/approve/deploy", json={}
                              ).status_code == 404
             assert beta.delete(f"/api/v1/tokens/{ids['acme', 'read']}").status_code == 404
@@ -117,6 +118,12 @@ def test_scopes_tenants_and_the_recorded_actor(
             approved = operate.post(f"/api/v1/runs/{run_id}/approve/deploy", json={})
             assert approved.status_code == 200, approved.text
             assert server.wait_for(operate, run_id)["status"] == "completed"
+            # the API's report is the tenant's, and says who approved
+            approver = f"token:{ids['acme', 'operate']}:acme-operate"
+            api_report = read.get("/api/v1/report?tenant=acme").json()
+            assert api_report["filters"]["tenant"] == "acme"
+            assert [a["actor"] for a in api_report["actions"]
+                    if a["action"] == "approved"] == [approver]
             # a revoked token is refused from then on
             revoked = saga(env, "token", "revoke", ids["acme", "read"])
             assert revoked.returncode == 0, revoked.stderr
