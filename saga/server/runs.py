@@ -303,7 +303,10 @@ def get_report(request: Request, format: str = Query("json", pattern="^(json|md|
     text = report.render(built, format)
     media = {"json": "application/json", "md": "text/markdown", "csv": "text/csv",
              "html": "text/html"}[format]
-    return Response(text, media_type=media)
+    # a download, never a page of this origin: a run's name is not markup here
+    return Response(text, media_type=media, headers={
+        "Content-Disposition": f"attachment; filename=saga-report.{format}",
+        "X-Content-Type-Options": "nosniff"})
 
 
 @router.get("/schedules", tags=["schedules"])
