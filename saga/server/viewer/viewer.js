@@ -336,11 +336,18 @@ var saga = (function () {
               (run.failed_step ? " · failed at " + run.failed_step : "") +
               (left.length ? " · not undone: " + left.join(", ") : "")}));
       var facts = el("div", {"class": "facts"});
-      [["definition", run.name], ["actor", run.actor], ["version", run.version],
+      [["definition", run.name], ["definition version", run.definition_version],
+       ["actor", run.actor], ["version", run.version],
        ["queue", run.queue]].forEach(function (f) {
         if (f[1] !== null && f[1] !== undefined && f[1] !== "")
           facts.appendChild(el("div", {}, el("span", {text: f[0]}), String(f[1])));
       });
+      var moved = run.migrations || [];  // saga migrate: the last move, when and why
+      if (moved.length) {
+        var m = moved[moved.length - 1];
+        facts.appendChild(el("div", {"data-migrated": m.version}, el("span", {text: "migrated"}),
+          when(m.at), " to version " + m.version + " by " + m.actor + (m.reason ? ": " + m.reason : "")));
+      }
       facts.appendChild(el("div", {}, el("span", {text: "started"}), when(run.started_at)));
       if (run.finished_at) {
         facts.appendChild(el("div", {}, el("span", {text: "finished"}), when(run.finished_at)));
@@ -362,6 +369,9 @@ var saga = (function () {
               });
           }}));
       });
+      if (FINISHED.indexOf(run.status) < 0)
+        buttons.appendChild(el("button", {"data-action": "migrate", text: "Migrate…",
+          onclick: function () { migrate(run); }}));
       box.appendChild(buttons);
       (run.waiting_for_children || []).forEach(function (w) {
         // a decision a child run waits for is made on the child's page
@@ -401,6 +411,42 @@ var saga = (function () {
       });
     }
 
+    // saga migrate: a dry run first, then (only when replay proves it safe) the move
+    function migrate(run) {
+      var body = null;
+      ask("Migrate run " + run.run_id + "?", "The new definition: a template's name, or the " +
+          "composition as JSON. A dry run checks it first; nothing changes unless every " +
+          "recorded decision comes out the same.", "Definition", "Check", false)
+        .then(function (text) {
+          if (!text) return null;
+          try {
+            body = text.charAt(0) === "{" ? {composition: JSON.parse(text)} : {template: text};
+          } catch (e) { throw new Error("not JSON: " + e.message); }
+          return api(base + "/migrate", {method: "POST",
+                                         body: Object.assign({dry_run: true}, body)});
+        }).then(function (check) {
+          if (!check) return null;
+          if (!check.safe) throw new Error("Not safe to migrate: " + check.divergence.message);
+          return ask("Migrate run " + run.run_id + "?", "Safe: every recorded decision comes " +
+                     "out the same. Move it to " + check.to_hash.slice(0, 12) + "?", "Reason",
+                     "Migrate", false);
+        }).then(function (reason) {
+          if (reason !== null && reason !== undefined && body)
+            act("/migrate", Object.assign({reason: reason || null}, body));
+        }).catch(function (e) { showError(e.message); });
+    }
+
+    // saga reset: what it undoes and re-runs is shown before it is confirmed
+    function reset(key) {
+      api(base + "/reset/" + encodeURIComponent(key)).then(function (plan) {
+        return ask("Reset to " + key + "?", "Undoes, newest first: " +
+                   (plan.undo.join(", ") || "nothing") + ". Then runs again: " +
+                   plan.reopen.join(", ") + ".", "Reason", "Reset", true);
+      }).then(function (reason) {
+        if (reason !== null) act("/reset", {step: key, reason: reason || null});
+      }).catch(function (e) { showError(e.message); });
+    }
+
     function stepKeys(run, layout) {
       // every step of the plan, in the graph's order, and each execution the run recorded
       // (loop iterations, gates) after its step
@@ -425,6 +471,9 @@ var saga = (function () {
         if (s.compensation_error)
           cell.appendChild(el("div", {"class": "bad"}, "undo failed: ",
                                collapsible(json(s.compensation_error), false)));
+        if (s.status && key.indexOf("[") < 0 && run.status !== "compensating")
+          cell.appendChild(el("button", {"class": "plain", "data-reset": key,
+            text: "Reset to this step…", onclick: function () { reset(key); }}));
         body.appendChild(el("tr", {"data-step": key, "data-status": status},
           el("td", {text: key}), el("td", {}, badge(status)),
           el("td", {text: s.attempt || 0}), el("td", {text: duration(s.duration_ms)}), cell));
