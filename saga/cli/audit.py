@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from saga import audit as audit_log
+from saga.api import Saga
 from saga.cli.app import (
     FilePath,
     _emit_json,
@@ -128,8 +129,6 @@ def report_command(since: str | None, until: str | None, definition: str | None,
             parse_moment(value, name)
         except ValueError as e:
             raise click.UsageError(str(e)) from None
-    from saga.api import Saga  # the engine loads when a command needs it
-
     settings = tenant_settings(load_settings(), tenant) if tenant else load_settings()
     with Saga(settings) as saga:
         built = build_report(saga, since=since, until=until, definition=definition,

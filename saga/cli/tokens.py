@@ -12,6 +12,7 @@ from contextlib import contextmanager
 
 import click
 
+from saga.api import Saga
 from saga.cli.app import _emit_json, main, note
 from saga.config import load_settings, tenant_names
 from saga.errors import ConfigError
@@ -22,8 +23,6 @@ from saga.store.tokens import SCOPES, TokenStore, parse_expiry
 def _tokens() -> Iterator[tuple[TokenStore, list[str], str]]:
     """The token table of the configured store (never a tenant's: ``SAGA_TENANT`` is
     ignored here), the tenants' names, and who is acting."""
-    from saga.api import Saga  # the engine loads when a command needs it
-
     settings = load_settings({k: v for k, v in os.environ.items() if k != "SAGA_TENANT"})
     with Saga(settings) as saga:
         yield TokenStore(saga.schedules.db), tenant_names(settings), settings.actor

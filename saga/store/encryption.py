@@ -71,6 +71,9 @@ SEALED: dict[str, tuple[str, ...]] = {
 SEALED_KEY = "_sealed_"
 #: What a sealed value reads as once its run's data key was shredded.
 SHREDDED: dict[str, Any] = {"_redacted": True, "_shredded": True}
+#: Seconds a process keeps a run's unwrapped data key before it reads the key table again:
+#: a shred by another process reaches a long-running one (a server, a worker) within it.
+KEY_CACHE_SECONDS = 30.0
 KEY_TABLE = "saga_data_keys"
 KEY_DDL = (f"""CREATE TABLE IF NOT EXISTS {KEY_TABLE} (
     run_uuid TEXT PRIMARY KEY, wrapped TEXT NOT NULL, kek_id TEXT NOT NULL,
@@ -240,7 +243,7 @@ class Sealer:
         #: A key is configured for the store, though maybe not available in this process.
         self.configured = settings.encryption_key is not None
         self.keys = KeyStore(settings)
-        self._cache: dict[str, Any] = {}
+        self._cache: dict[str, tuple[Any, float]] = {}  # run -> (cipher, read at)
         self._lock = threading.Lock()
 
     def _missing(self, uid: str) -> EncryptionKeyError:
@@ -252,8 +255,8 @@ class Sealer:
     def data_key(self, uid: str, create: bool = False) -> Any:
         """The run's AESGCM cipher, or None when its key was shredded (or never made)."""
         found = self._cache.get(uid)
-        if found is not None:
-            return found
+        if found is not None and time.monotonic() - found[1] < KEY_CACHE_SECONDS:
+            return found[0]
         if self.kek is None:
             raise self._missing(uid)
         row = self.keys.get(uid)
@@ -273,7 +276,7 @@ class Sealer:
             raise EncryptionKeyError(f"run {uid}'s wrapped data key does not open with the "
                                      f"configured key ({type(e).__name__})") from None
         with self._lock:
-            self._cache[uid] = cipher
+            self._cache[uid] = (cipher, time.monotonic())
         return cipher
 
     def seal(self, cipher: Any, aad: bytes, plain: bytes) -> dict[str, str]:

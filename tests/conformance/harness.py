@@ -202,6 +202,20 @@ class Simulation:
         else:
             raise ValueError(name)
 
+    def answer(self, *args: str) -> bool:
+        """A person's or a system's answer (approve, reject, signal); False to try again.
+
+        A refusal because the run moved on (exit 2) is fine; one because another writer
+        appended meanwhile (exit 5) is noted as a driver problem (the command could retry
+        by itself) and tried again; any other failure is noted."""
+        r = self.cli(*args)
+        if r.returncode in (0, 2):  # 2: refused, the run having moved on (e.g. cancelled)
+            return True
+        note = f"saga {args[0]} exited {r.returncode}: {r.stderr.strip()[-200:]}"
+        if note not in self.trace.problems:
+            self.trace.problems.append(note)
+        return r.returncode != 5
+
     def read_status(self, when: str) -> dict[str, Any] | None:
         """``saga status --json`` by a new process; a failure is a problem."""
         self.trace.reads += 1
@@ -294,13 +308,16 @@ class Simulation:
                     if choice in ("approve", "reject") and (step_id, self.trace.redrives) \
                             not in decided:
                         decided.add((step_id, self.trace.redrives))
-                        self.cli(choice, rid, step_id)
+                        if not self.answer(choice, rid, step_id):
+                            decided.discard((step_id, self.trace.redrives))
                 for step_id, s in spec.items():
                     if s["kind"] == "signal" and step_id not in signalled \
                             and not s.get("never") \
                             and step_id in run.steps and answering:
                         signalled.add(step_id)
-                        self.cli("signal", rid, f"go_{step_id}", "--data", '{"late": true}')
+                        if not self.answer("signal", rid, f"go_{step_id}", "--data",
+                                           '{"late": true}'):
+                            signalled.discard(step_id)
                 if run.is_finished and not self.later:
                     if (run.status == "failed" and self.case.get("retry_failed")
                             and not self.case["rollback"] and not self.trace.cancelled

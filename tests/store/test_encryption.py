@@ -13,9 +13,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 from eventsourcing.persistence import StoredEvent
 
 from saga.config import Settings
+from saga.store import encryption
 from saga.store.application import SagaApplication
 from saga.store.side_tables import Database
 
@@ -204,3 +206,36 @@ def test_rotation_then_shredding(settings: Settings, tmp_path: Path) -> None:
         old_copy = cli(settings, tmp_path, "history", run_id, "--json", key=new,
                        SAGA_HOME=str(copy))
         assert SECRET_OUT not in ok(old_copy) and "_shredded" in old_copy.stdout
+
+
+def test_the_api_opens_sealed_runs_with_the_key_only(sqlite_settings: Settings,
+                                                     tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over HTTP a server with the key reads a run in the clear, one without it answers
+    one clear error, and a shredded run reads as the marker (never a crash)."""
+    from fastapi.testclient import TestClient
+
+    from saga.server.app import create_app
+
+    key = _key()
+    run_id = start(sqlite_settings, tmp_path, key)
+    sqlite_settings = replace(sqlite_settings, audit_key="audit-key")
+
+    def read(settings: Settings) -> tuple[int, Any]:
+        with TestClient(create_app(settings, worker=False), base_url="http://127.0.0.1") as c:
+            answer = c.get(f"/api/v1/runs/{run_id}/events")
+            return answer.status_code, answer.json()
+
+    code, events = read(replace(sqlite_settings, encryption_key=key))
+    assert code == 200 and SECRET_IN in json.dumps(events)
+    code, refused = read(replace(sqlite_settings, encryption_key=""))
+    assert code == 422 and refused["error"] == "EncryptionKeyError"
+    assert "encrypted at rest" in refused["detail"]
+    ok(cli(sqlite_settings, tmp_path, "retention", "apply", "--older-than", "0", "--shred",
+           key=key))
+    # Another process shredded it: this one reads the key table again (as a long-running
+    # server does once its cached key is KEY_CACHE_SECONDS old).
+    monkeypatch.setattr(encryption, "KEY_CACHE_SECONDS", 0.0)
+    code, events = read(replace(sqlite_settings, encryption_key=key))
+    assert code == 200 and SECRET_IN not in json.dumps(events)
+    assert '"_shredded": true' in json.dumps(events)
