@@ -164,3 +164,29 @@ def test_scopes_tenants_and_the_recorded_actor(
         random = secret.split("_", 2)[2]
         assert not any(random in c for c in cells)
         assert hashlib.sha256(random.encode()).hexdigest() in cells
+
+
+def test_where_each_tenant_is_stored(tmp_path: Path) -> None:
+    from saga.config import load_settings, tenant_names, tenant_settings
+    from saga.errors import ConfigError
+
+    (tmp_path / "saga.toml").write_text(
+        '[tenants.acme]\n[tenants.globex]\nschema = "gx"\n'
+        'database_url = "postgresql://saga@db2:5432/saga"\n')
+    lite = load_settings({"SAGA_HOME": str(tmp_path / "h")}, cwd=tmp_path)
+    assert tenant_names(lite) == ["default", "acme", "globex"]
+    assert tenant_settings(lite, "default") is lite
+    acme = tenant_settings(lite, "acme")
+    assert (acme.tenant, acme.home, acme.is_postgres) == ("acme", tmp_path / "h/tenants/acme",
+                                                          False)
+    globex = tenant_settings(lite, "globex")
+    assert (globex.database_url, globex.schema) == ("postgresql://saga@db2:5432/saga", "gx")
+    pg = load_settings({"SAGA_DATABASE_URL": "postgresql://saga@db1:5432/saga",
+                        "SAGA_DATABASE_SCHEMA": "main", "SAGA_TENANT": "acme"}, cwd=tmp_path)
+    assert (pg.tenant, pg.database_url, pg.schema) == (
+        "acme", "postgresql://saga@db1:5432/saga", "tenant_acme")
+    with pytest.raises(ConfigError, match="no tenant 'nope'"):
+        tenant_settings(lite, "nope")
+    (tmp_path / "saga.toml").write_text("[tenants.default]\n")
+    with pytest.raises(ConfigError, match="the configured store itself"):
+        tenant_names(load_settings({}, cwd=tmp_path))
