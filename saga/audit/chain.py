@@ -344,9 +344,10 @@ def verify_records(records: Sequence[Record], key: bytes | str | None = None,
                 why = "" if not _is_redacted(r) else (
                     " (it looks redacted, but no retention event records it)" if retained is None
                     else " (it changed after retention redacted it)")
+                field = "payload_hash" if sealed is None else "sealed_hash"
                 return broken(v, PAYLOAD_EDITED,
                               f"the payload of event {v} ({kind}) does not match the "
-                              f"payload_hash recorded when it was written{why}")
+                              f"{field} recorded when it was written{why}")
         if key_bytes:
             if r.mac is None:
                 return broken(v, FORGED, f"event {v} ({kind}) carries no mac")

@@ -20,7 +20,7 @@ from saga.audit.chain import (
 from saga.audit.store import (
     read_records,
 )
-from saga.chain import CHAIN_FIELDS
+from saga.chain import CHAIN_FIELDS, SEAL_FIELDS
 from saga.config import Settings
 from saga.domain import TOPIC_PREFIX
 from saga.errors import RunNotFoundError
@@ -28,10 +28,12 @@ from saga.errors import RunNotFoundError
 
 def export_events(records: Sequence[Record]) -> list[dict[str, Any]]:
     """Records as export events: type, version, timestamp, actor, payload (as stored),
-    payload_hash, prev_hash, hash (the link) and mac."""
+    payload_hash, prev_hash, hash (the link) and mac; an event sealed at rest also its
+    ``sealed_hash`` and ``sealed_mac`` (its payload is exported as stored, sealed)."""
     return [{"type": r.type_name, "version": r.version, "timestamp": r.timestamp,
              "actor": r.actor, "payload": r.payload, "payload_hash": r.payload_hash,
-             "prev_hash": r.prev_hash, "hash": link_of(r), "mac": r.mac} for r in records]
+             "prev_hash": r.prev_hash, "hash": link_of(r), "mac": r.mac,
+             **{f: r.state[f] for f in SEAL_FIELDS if f in r.state}} for r in records]
 
 
 def export_run(settings: Settings, run_id: str, fmt: str = "json") -> str:
@@ -90,6 +92,7 @@ def parse_export(text: str) -> tuple[str, list[dict[str, Any]], str | None]:
 def _record_of(run_id: str, e: Mapping[str, Any]) -> Record:
     state: dict[str, Any] = {"timestamp": {"_type_": "datetime_iso", "_data_": e["timestamp"]}}
     state.update({f: e.get(f) for f in CHAIN_FIELDS})
+    state.update({f: e[f] for f in SEAL_FIELDS if f in e})
     state.update(e["payload"])
     version = e["version"]
     return Record(str(e.get("run_id") or run_id),

@@ -127,6 +127,11 @@ def test_sealed_at_rest_and_read_by_new_processes(settings: Settings, tmp_path: 
     assert hit["payload"]["cache"] and hit["payload"]["output"] == {"memo": SECRET_IN}
     # Without the key: the chain verifies, the history is one clear error.
     assert "ok" in ok(cli(settings, tmp_path, "audit", "verify", run_id, key=None))
+    exported = tmp_path / "run.json"  # an export verifies offline, sealed as stored
+    exported.write_text(ok(cli(settings, tmp_path, "export", run_id, key=None)))
+    assert SECRET_IN not in exported.read_text()
+    assert "ok" in ok(cli(settings, tmp_path, "audit", "verify", "--file", str(exported),
+                          key=None))
     refused = cli(settings, tmp_path, "history", run_id, key=None)
     assert refused.returncode == 2
     assert "encrypted at rest" in refused.stderr and "Traceback" not in refused.stderr
