@@ -229,6 +229,10 @@ def test_labels_change_as_the_run_runs_and_a_new_process_lists_by_them(
     assert [r["run_id"] for r in json.loads(listed.stdout)] == ["R-lab"]
     gone = cli(["list", "--label", "ticket=T-1", "--json"], settings, calls)
     assert json.loads(gone.stdout) == []
+    for pair, count in (("team=pay", 1), ("ticket=T-1", 0)):  # reports see them too
+        report = cli(["report", "--label", pair, "--format", "json"], settings, calls)
+        assert report.returncode == 0, report.stderr
+        assert len(json.loads(report.stdout)["runs"]) == count, pair
     verified("R-lab", settings, calls)
 
 
