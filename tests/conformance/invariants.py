@@ -6,8 +6,9 @@ Each violation names its invariant, and the known break it looks like when it do
 
 - **readable** — every run (the parent and each child) opens in a new process:
   ``saga status --json``, ``saga history --json``, ``saga replay RUN --verify``, and
-  ``saga replay RUN --at V`` at its first version, at versions past each snapshot, and
-  at its last; ``saga audit verify --all`` passes. (Promise 6; break 1.)
+  ``saga replay RUN --at V`` at its first version, at the first and the last version
+  past a snapshot, and at its last; ``saga audit verify --all`` passes; and mid-run,
+  the ``read`` operation's status, history, replay, watch and audit (Promise 6; break 1.)
 - **once** — from the tools' ledger: a step attempt (idempotency key, attempt) calls its
   tool at most once; every call belongs to an attempt the log started (``StepStarted``
   before the call); no call is made for a later attempt of a key whose attempt
@@ -118,8 +119,10 @@ def _readable(sim: Simulation, run_id: str, versions: int) -> list[str]:
         bad.append(f"readable: saga replay {run_id} --verify exited {r.returncode}: "
                    f"{(r.stdout + r.stderr).strip()[-400:]}")
     interval = int(sim.env["SAGA_SNAPSHOT_INTERVAL"])
-    ats = sorted({1, versions, *range(interval + 1, versions, interval * 3)})
-    for v in ats[:6]:
+    # the first version, the first past a snapshot, the last past one, and the last
+    past = list(range(interval + 1, versions, interval))
+    ats = sorted({1, versions, *past[:1], *past[-1:]})
+    for v in ats:
         r = sim.cli("replay", run_id, "--at", str(v), "--json")
         sim.trace.reads += 1
         if r.returncode != 0:

@@ -425,7 +425,7 @@ def _case(steps: list[dict[str, Any]], ops: list[list[Any]], salt: int, **kw: An
 
 TARGETED: dict[str, dict[str, Any]] = {
     # break 1: past several snapshots (interval 10-20), read by new processes mid-run
-    "snapshots": _case([_a(f"s{i}", whole=i % 2 == 0) for i in range(45)],
+    "snapshots": _case([_a(f"s{i}", whole=i % 2 == 0) for i in range(35)],
                        [[0.5, "read"], [1.0, "kill"], [1.5, "read"]], 101),
     # break 2: paused while a slow call is in flight; status read while paused
     "pause_in_flight": _case([_a("s0"), _a("s1", slow=1.5), _a("s2", confirm="approve"),
@@ -466,6 +466,6 @@ TARGETED: dict[str, dict[str, Any]] = {
                          _a("s4", fail_times=9)], [[0.3, "kill"], [0.8, "read"]], 109,
                         form="graph"),
     # break 7: a worker stopped past its lease in the middle of a chain of calls
-    "zombie": _case([_a(f"s{i}", slow=0.05 if i % 3 else 0.4) for i in range(20)],
+    "zombie": _case([_a(f"s{i}", slow=0.05 if i % 3 else 0.4) for i in range(12)],
                     [[0.3, "zombie"], [1.6, "zombie"]], 107, workers=2),
 }
