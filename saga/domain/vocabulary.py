@@ -157,10 +157,13 @@ def run_uuid(run_id: str | UUID) -> UUID:
         raise RunNotFoundError(run_id) from None
 
 
-def child_run_id(parent_run_id: str, step_id: str, iteration: int) -> str:
+def child_run_id(parent_run_id: str, step_id: str, iteration: int, generation: int = 0) -> str:
     """The id of the child run a ``use`` step starts: derived from its parent's id, step
-    and iteration, so a step re-executed after a crash finds the child it started."""
-    return str(uuid5(_CHILD_NAMESPACE, f"{parent_run_id}:{step_id}:{iteration}"))
+    and iteration, so a step re-executed after a crash finds the child it started (and,
+    after a reset reopened the step, ``generation``: a new child)."""
+    name = f"{parent_run_id}:{step_id}:{iteration}" + (f":reset{generation}" if generation
+                                                       else "")
+    return str(uuid5(_CHILD_NAMESPACE, name))
 
 
 #: The last time :func:`iso` formatted, and its text: a new event's time is formatted for

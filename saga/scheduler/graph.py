@@ -357,7 +357,8 @@ class _Decision:
                                               f"input_mapping.{name}: nothing at {path!r}")
         return StartStep(node.id, i, 1, {
             "use": config.workflow_name, "inputs": inputs,
-            "run": child_run_id(self.run.run_id, node.id, i)})
+            "run": child_run_id(self.run.run_id, node.id, i,
+                                (self.run.__dict__.get("generations") or {}).get(node.id, 0))})
 
     def branch(self, node: Node, i: int, live: list[Contribution],
                data: Any) -> Action:

@@ -290,7 +290,8 @@ def _use_start(view: _View, step: Step, iteration: int, names: dict[str, Any]) -
         return FailStep(step.id, iteration, 1, type(e).__name__, f"parameters: {e}")
     return StartStep(step.id, iteration, 1, {
         "use": step.use, "inputs": inputs,
-        "run": child_run_id(view.run.run_id, step.id, iteration)})
+        "run": child_run_id(view.run.run_id, step.id, iteration,
+                            (view.run.__dict__.get("generations") or {}).get(step.id, 0))})
 
 
 def _iteration_start(view: _View, step: Step, iteration: int, item: Any) -> Action:

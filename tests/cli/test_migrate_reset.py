@@ -256,6 +256,15 @@ def test_a_use_target_change_diverges_only_once_the_child_started(
         assert s.resume("P").pending_approvals == ["z"]  # the child ran
         with pytest.raises(MigrationRefusedError, match=r"step n: .*child2"):
             s.migrate("P", s.load(parent("child2")))
+        # A reset that reopens the use: step starts a new child run, which runs again.
+        first = s.get("P").steps["n"]["parameters"]["run"]
+        s.reset("P", "n", reason="again")
+        s.approve("P", "n")
+        assert s.resume("P").pending_approvals == ["z"]
+        second = s.get("P").steps["n"]["parameters"]["run"]
+        assert second != first and s.get(second).status == "completed"
+        assert s.get(first).status == "compensated"  # the reset undid the first child
+        assert s.verify("P") is None
 
 
 def test_a_redacted_run_cannot_be_reset_or_migrated(
