@@ -292,10 +292,13 @@ class Simulation:
                     self.start_worker()
                 try:
                     run = saga.get(rid)
-                except Exception:  # the server restarting: the workers ride it out
-                    if self.restart is None:
-                        raise
-                    time.sleep(0.2)
+                except Exception as e:
+                    if self.restart is None:  # a new process cannot open the run: break 1
+                        self.trace.problems.append(
+                            f"readable: the driver's process could not open {rid}: "
+                            f"{type(e).__name__}: {str(e)[:200]} (break 1?)")
+                        return
+                    time.sleep(0.2)  # the server restarting: the workers ride it out
                     continue
                 if run.is_finished and ops:
                     # what is left to do to a finished run only refuses: skip it
