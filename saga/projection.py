@@ -39,6 +39,7 @@ from saga.domain import (
 )
 from saga.errors import StoreUnavailableError
 from saga.store.application import SagaApplication
+from saga.store.encryption import unopened
 from saga.store.partitions import partition_of, parts_of
 from saga.store.reconnect import backoff
 from saga.store.side_tables import Database
@@ -375,7 +376,7 @@ class Projection:
                 continue  # e.g. another app sharing the SQLite file: skip, but move past
             try:
                 waiting = n.topic in _DECISIONS and self._still_waiting(n)
-                event = self.app.mapper.to_domain_event(n)
+                event = unopened(self.app.mapper, n)  # no sealed value is projected
             except StoreUnavailableError:
                 raise
             except Exception as e:  # one unreadable event must not stop the read model

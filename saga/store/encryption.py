@@ -393,9 +393,10 @@ class SealingMapper(Mapper[UUID]):
         return StoredEvent(originator_id=originator_id, originator_version=version,
                            topic=get_topic(cls), state=self.transcoder.encode(state))
 
-    def to_domain_event(self, stored_event: StoredEvent) -> Any:
+    def to_domain_event(self, stored_event: StoredEvent, opened: bool = True) -> Any:
         """The event as the aggregate knows it, its sealed fields opened (a shredded
-        run's read as :data:`SHREDDED`)."""
+        run's read as :data:`SHREDDED`); ``opened=False``: left sealed, for a reader
+        that needs none of them (the read model), which then needs no key."""
         cls = resolve_topic(stored_event.topic)
         state: dict[str, Any] = self.transcoder.decode(stored_event.state)
         uid = str(stored_event.originator_id)
@@ -404,7 +405,7 @@ class SealingMapper(Mapper[UUID]):
             state.pop(name, None)
         for name in SEALED.get(cls.__name__, ()):
             value = state.get(name)
-            if isinstance(value, dict) and SEALED_KEY in value:
+            if opened and isinstance(value, dict) and SEALED_KEY in value:
                 plain = self.sealer.open(uid, _aad(uid, version, name), str(value[SEALED_KEY]))
                 if plain is None and name == "state":  # a snapshot is a cache: rebuilt
                     raise DoctoredSnapshotError(f"the snapshot of run {uid} at version "
@@ -422,6 +423,14 @@ class SealingMapper(Mapper[UUID]):
         event = object.__new__(cls)
         object.__setattr__(event, "__dict__", state)
         return event
+
+
+def unopened(mapper: Any, stored_event: StoredEvent) -> Any:
+    """A stored event as a domain event whose sealed values are left sealed: what reads
+    only the fields that are never sealed (type, step, status, times) needs no key."""
+    if isinstance(mapper, SealingMapper):
+        return mapper.to_domain_event(stored_event, opened=False)
+    return mapper.to_domain_event(stored_event)
 
 
 def sealing_mapper(settings: Settings, transcoder: Transcoder) -> SealingMapper | None:

@@ -112,6 +112,9 @@ def test_sealed_at_rest_and_read_by_new_processes(settings: Settings, tmp_path: 
     if not settings.is_postgres:  # nor anywhere in the database file
         files = b"".join(p.read_bytes() for p in settings.home.glob("saga.db*"))
         assert SECRET_IN.encode() not in files and SECRET_OUT.encode() not in files
+    # The read model needs no sealed value: a process without the key catches it up.
+    listed = json.loads(ok(cli(settings, tmp_path, "list", "--json", key=None)))
+    assert [r["run_id"] for r in listed] == [run_id] and listed[0]["status"] == "completed"
     # A new process with the key reads the run, its history and replays it.
     status = json.loads(ok(cli(settings, tmp_path, "status", run_id, "--json", key=key)))
     assert status["status"] == "completed"
@@ -244,3 +247,23 @@ def test_the_api_opens_sealed_runs_with_the_key_only(sqlite_settings: Settings,
     code, events = read(replace(sqlite_settings, encryption_key=key))
     assert code == 200 and SECRET_IN not in json.dumps(events)
     assert '"_shredded": true' in json.dumps(events)
+
+
+def test_the_key_comes_from_the_variable_named_or_a_key_file(tmp_path: Path) -> None:
+    from saga.config import load_settings
+    from saga.errors import ConfigError
+    from saga.store.encryption import Sealer
+
+    key = _key()
+    named = load_settings({"SAGA_ENCRYPTION_KEY_ENV": "MY_KEK", "MY_KEK": key}, cwd=tmp_path)
+    assert named.encryption_key == key and key not in repr(named)
+    assert load_settings({"SAGA_ENCRYPTION_KEY_ENV": "MY_KEK"}, cwd=tmp_path) \
+        .encryption_key == ""  # named, not set here: configured, not available
+    assert load_settings({}, cwd=tmp_path).encryption_key is None
+    (tmp_path / "kek").write_text(key + "\n")
+    (tmp_path / "saga.toml").write_text('[encryption]\nkey_file = "kek"\n')
+    assert load_settings({}, cwd=tmp_path).encryption_key == key
+    (tmp_path / "saga.toml").write_text('[encryption]\nkey_env = "TOML_KEK"\n')
+    assert load_settings({"TOML_KEK": key}, cwd=tmp_path).encryption_key == key
+    with pytest.raises(ConfigError, match="32 bytes"):
+        Sealer(replace(named, encryption_key="c2hvcnQ="))
