@@ -265,5 +265,10 @@ def test_the_key_comes_from_the_variable_named_or_a_key_file(tmp_path: Path) -> 
     assert load_settings({}, cwd=tmp_path).encryption_key == key
     (tmp_path / "saga.toml").write_text('[encryption]\nkey_env = "TOML_KEK"\n')
     assert load_settings({"TOML_KEK": key}, cwd=tmp_path).encryption_key == key
+    from saga.audit.chain import REDACTABLE
+    from saga.store.encryption import SEALED
+
+    # what is sealed is what retention redacts: the user data, and nothing the chain needs
+    assert {k: v for k, v in SEALED.items() if k != "Snapshot"} == REDACTABLE
     with pytest.raises(ConfigError, match="32 bytes"):
         Sealer(replace(named, encryption_key="c2hvcnQ="))
