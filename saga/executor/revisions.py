@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from saga import replay
-from saga.audit import REDACTED
+from saga.audit import redacted
 from saga.composition import Plan, plan_of
 from saga.domain import Run, check_labels, revisions
 from saga.errors import ConcurrentWriteError, RunStateError
@@ -59,7 +59,7 @@ class MigrationCheck:
 
 
 def _refuse(run: Run, control: str) -> None:
-    if run.inputs == REDACTED:  # retention removed what its steps would be given
+    if redacted(run.inputs):  # retention (or a shredded key) took what its steps are given
         raise RunStateError(f"run {run.run_id} was redacted by retention; it cannot be "
                             f"{control}")
 

@@ -283,4 +283,6 @@ def test_a_redacted_run_cannot_be_reset_or_migrated(
         version = s.get("R-old").version
         with pytest.raises(RunStateError, match="redacted"):
             s.reset("R-old", "b")
+        with pytest.raises(RunStateError, match="redacted"):
+            s.migrate("R-old", s.load(_as_mapping(V1 + EXTRA)))
         assert s.get("R-old").version == version
