@@ -365,13 +365,25 @@ def _text(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-_MD_SPECIAL = "\\|`*<>[]"
+_MD_SPECIAL = "\\|`*[]"
+#: Markup characters as entities: every Markdown renderer shows them as text, whereas a
+#: backslash before ``<`` is left as raw HTML by some.
+_ENTITIES = {"<": "&lt;", ">": "&gt;", "&": "&amp;"}
 
 
 def _md(value: Any) -> str:
-    # Backslash-escape what would make a table cell, code, emphasis, a link or raw HTML.
+    # Backslash-escape what would make a table cell, code, emphasis or a link; markup
+    # characters become entities, so a run's name is never raw HTML.
     text = " ".join(_text(value).split())
-    return "".join("\\" + ch if ch in _MD_SPECIAL else ch for ch in text) or " "
+    return "".join(_ENTITIES.get(ch) or ("\\" + ch if ch in _MD_SPECIAL else ch)
+                   for ch in text) or " "
+
+
+def _csv(value: Any) -> str:
+    # No markup in a cell (a CSV shown by a browser or pasted into a page stays text),
+    # and no formula for a spreadsheet to run (=, +, -, @ first: a leading quote).
+    text = _text(value).replace("<", "&lt;").replace(">", "&gt;")
+    return "'" + text if text[:1] in ("=", "+", "-", "@") else text
 
 
 def _intro(report: Report) -> str:
@@ -435,7 +447,7 @@ def render_csv(report: Report) -> str:
     for r in report.runs:
         values = dict(r, compensated_steps=";".join(r["compensated_steps"]),
                       not_undone_steps=";".join(r["not_undone_steps"]))
-        writer.writerow([_text(values[c]) for c in CSV_COLUMNS])
+        writer.writerow([_csv(values[c]) for c in CSV_COLUMNS])
     return buffer.getvalue()
 
 

@@ -157,6 +157,11 @@ def create_app(settings: Settings | None = None, *, tools: tuple[str, ...] = (),
         return validation_response(e.errors())
     app.add_exception_handler(RequestValidationError, invalid_request)
 
+    # a value nested deeper than some walker can follow is the caller's error, not ours
+    async def too_deep(_: Request, e: Exception) -> Response:
+        return http_error(422, "a value is nested too deeply")
+    app.add_exception_handler(RecursionError, too_deep)
+
     app.include_router(runs.router)
     app.include_router(revisions.router)
     app.include_router(compositions.router)

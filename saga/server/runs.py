@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from saga import audit, diagram, report
 from saga.api import Saga
@@ -21,15 +21,42 @@ from saga.domain import RUN_STATUSES
 from saga.errors import InputError, Problem
 from saga.scheduler.policy import not_undone
 from saga.server.service import Service, log, named
-from saga.server.streams import run_event_stream, wants_stream
+from saga.server.streams import MAX_ID, run_event_stream, wants_stream
 from saga.server.tokens import tenant_service
 from saga.store.partitions import parts_of
 
 router = APIRouter(prefix="/api/v1", tags=["runs"])
 
 
+#: How deep a request body may nest (a composition or inputs deeper than this is a 422,
+#: not a RecursionError in whatever walks it later).
+MAX_DEPTH = 100
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shallow(cls, data: Any) -> Any:
+        if nesting(data) > MAX_DEPTH:
+            raise ValueError(f"nested more than {MAX_DEPTH} levels deep")
+        return data
+
+
+def nesting(value: Any) -> int:
+    """How deep dicts and lists nest in ``value`` (counted without recursion)."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if depth > MAX_DEPTH:
+            break
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend((v, depth + 1) for v in item)
+    return deepest
 
 
 class RunRequest(_Body):
@@ -169,7 +196,7 @@ def get_run(request: Request, run_id: str) -> dict[str, Any]:
 
 
 @router.get("/runs/{run_id}/events", responses={200: {"content": {"text/event-stream": {}}}})
-def events(request: Request, run_id: str, after: int = Query(0, ge=0)) -> Response:
+def events(request: Request, run_id: str, after: int = Query(0, ge=0, le=MAX_ID)) -> Response:
     """The run's history as JSON; with ``Accept: text/event-stream``, a live stream of
     its events from ``Last-Event-ID`` (or ``after``) until the run ends."""
     svc = service(request)

@@ -20,7 +20,7 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from saga.domain import ENDINGS, run_uuid
-from saga.errors import SagaError
+from saga.errors import InputError, Problem, SagaError
 from saga.server.service import Service
 from saga.server.tokens import tenant_service
 from saga.views import LogReader, run_events_after
@@ -40,11 +40,21 @@ def wants_stream(request: Request) -> bool:
     return "text/event-stream" in request.headers.get("accept", "")
 
 
+#: The largest event id or position (a 64-bit integer, as the stores keep them).
+MAX_ID = (1 << 63) - 1
+
+
 def resume_point(request: Request, after: int) -> int:
     """Where a stream starts: after ``Last-Event-ID`` when the client reconnects, else
-    after ``after``."""
+    after ``after``. An id that is not a number the store could hold is refused (422)."""
     last = request.headers.get("last-event-id", "").strip()
-    return int(last) if last.isdigit() else after
+    if not last:
+        return after
+    # ASCII digits only (str.isdigit takes "²"), and no more than a store's integer
+    if not (last.isascii() and last.isdigit() and len(last) <= 19 and int(last) <= MAX_ID):
+        raise InputError([Problem("Last-Event-ID", "an event id: a whole number from 0 "
+                                                   f"to {MAX_ID}")])
+    return int(last)
 
 
 #: Seconds a stream keeps asking a busy or unreachable store before it ends.
@@ -121,7 +131,7 @@ def run_event_stream(request: Request, svc: Service, run_id: str, after: int
 
 
 @router.get("/api/v1/events", responses={200: {"content": {"text/event-stream": {}}}})
-def all_events(request: Request, after: int = Query(0, ge=0)) -> StreamingResponse:
+def all_events(request: Request, after: int = Query(0, ge=0, le=MAX_ID)) -> StreamingResponse:
     """Every run's events as Server-Sent Events, live; ids are positions in the store's
     notification log (reconnect with ``Last-Event-ID`` to go on)."""
     svc: Service = tenant_service(request)
@@ -185,7 +195,7 @@ def _seconds(start: Any, end: Any) -> float | None:
 
 @router.websocket("/ws")
 async def websocket_events(websocket: WebSocket, run: str | None = None,
-                           after: int = 0) -> None:
+                           after: int = Query(0, ge=0, le=MAX_ID)) -> None:
     """Seed 002's execution events (``skill_started``, ``step_started``,
     ``step_completed``, ``step_skipped``, ``auto_heal_triggered``,
     ``confirmation_required``, ``skill_completed``, ``skill_failed``) as JSON messages:

@@ -28,7 +28,8 @@ fetch(T + "/api/v1/runs/%(run)s/approve/ask", {method: "POST", mode: "no-cors",
   credentials: "include", headers: {"Content-Type": "text/plain"}, body: "{}"}).then(done, done);
 // reading: CORS forbids it unless the service allowed it
 fetch(T + "/api/v1/runs", {credentials: "include"}).then(function (r) { return r.text(); })
-  .then(function (t) { out.read = t.slice(0, 80); done(); }, function () { out.read = null; done(); });
+  .then(function (t) { out.read = t.slice(0, 80); done(); },
+        function () { out.read = null; done(); });
 var ws = new WebSocket("ws://%(target)s/ws?after=0");
 ws.onmessage = function () { out.ws += 1; };
 ws.onclose = function (e) { out.closed = e.code; done(); };
@@ -41,7 +42,7 @@ def attacker() -> Iterator[tuple[ThreadingHTTPServer, dict[str, str]]]:
     page: dict[str, str] = {}
 
     class Page(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (the handler's name)
+        def do_GET(self) -> None:
             body = page["html"].encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/html")

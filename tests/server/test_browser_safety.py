@@ -125,3 +125,23 @@ def test_a_slow_header_sender_is_cut_off(make_server: Any) -> None:
                 closed_after = line
                 break
         assert closed_after is not None and closed_after <= 1
+
+
+def test_odd_event_ids_and_deep_bodies_are_the_callers_error(sqlite_server: Server) -> None:
+    """``Last-Event-ID: ²``, 5,000 digits or 20 digits, and a body nested 500 deep, each a
+    422 at once (not a 500, nor a stream that retries in silence)."""
+    deep: dict[str, Any] = {}
+    for _ in range(500):
+        deep = {"a": deep}
+    with sqlite_server.client() as c:
+        run_id = c.post("/api/v1/runs", json={"template": "quickstart"}).json()["run_id"]
+        for last in ("²".encode("latin-1"), b"9" * 5000, b"9" * 20):
+            answer = c.get(f"/api/v1/runs/{run_id}/events", timeout=10,
+                           headers={"Accept": "text/event-stream", "Last-Event-ID": last})
+            assert answer.status_code == 422, answer.text
+            assert "Last-Event-ID" in answer.json()["detail"]
+        assert c.get("/api/v1/events?after=" + "9" * 20).status_code == 422
+        composition = {"name": "deep", "steps": [{"id": "a", "tool": "echo", "args": deep}]}
+        assert c.post("/api/v1/runs", json={"composition": composition}).status_code == 422
+        assert c.post("/api/v1/runs", json={"template": "quickstart",
+                                            "inputs": deep}).status_code == 422

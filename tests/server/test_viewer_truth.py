@@ -119,7 +119,7 @@ def test_approve_and_reject_confirm_first_and_record_the_comment(
 
 def test_an_unknown_run_is_a_404_page_with_a_way_back(sqlite_server: Server,
                                                       browser: webdriver.Chrome) -> None:
-    browser.get(sqlite_server.page(f"/runs/no-such-run"))
+    browser.get(sqlite_server.page("/runs/no-such-run"))
     assert "No such run" in wait(browser, "#notfound")[0].text
     assert browser.find_element(By.ID, "wanted").text == "no-such-run"
     assert not browser.find_elements(By.CSS_SELECTOR, ".card h2")  # no empty cards
@@ -136,7 +136,7 @@ def test_the_list_searches_by_prefix_and_pages(sqlite_server: Server,
             c.post("/api/v1/runs", json={"template": "quickstart", "run_id": run_id})
         for run_id in ids:
             sqlite_server.wait_for(c, run_id)
-    browser.get(sqlite_server.page(f"/?limit=2"))
+    browser.get(sqlite_server.page("/?limit=2"))
     wait(browser, "tr[data-run]")
     seen: list[str] = []
     for _ in range(3):
