@@ -31,6 +31,8 @@ from saga.store.tokens import SCOPES, TokenStore, parse_expiry
 #: Paths whose changes need ``admin`` (the rest need ``operate``).
 ADMIN_PATHS = ("/api/v1/schedules", "/api/v1/tokens")
 _SAFE = ("GET", "HEAD", "OPTIONS")
+#: The viewer's sessions (:mod:`saga.server.browser`), of every tenant.
+SESSIONS = "/api/v1/sessions"
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,10 @@ class Principal:
 
     def refusal(self, method: str, path: str) -> str | None:
         """Why this principal may not make this request (None: it may)."""
+        if path.startswith(SESSIONS) and (self.scope != "admin"
+                                          or self.tenant != DEFAULT_TENANT):
+            # the viewer's sessions are the service's, of every tenant: only its operator's
+            return "viewer sessions are managed with the default tenant's admin token"
         admin = path.startswith(ADMIN_PATHS)
         if admin and self.scope != "admin" and (method not in _SAFE or
                                                 path.startswith("/api/v1/tokens")):

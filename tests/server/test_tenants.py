@@ -107,6 +107,7 @@ def test_scopes_tenants_and_the_recorded_actor(
             assert admin.delete("/api/v1/schedules/nightly").status_code == 404  # none
             # another tenant's run is not found, whatever the scope, and its tokens too
             assert beta.get(f"/api/v1/runs/{run_id}").status_code == 404
+            assert beta.get("/api/v1/sessions").status_code == 403  # every tenant's
             assert beta.get("/api/v1/report?tenant=acme").status_code == 404
             assert beta.post(f"/api/v1/runs/{run_id}/approve/deploy", json={}
                              ).status_code == 404
