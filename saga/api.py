@@ -460,9 +460,10 @@ class Saga:
         """Check every run of ``definition`` in one of ``statuses``; migrate the safe ones
         (unless ``dry_run``). The others are returned with their first divergence."""
         plan = to if isinstance(to, Plan) else self.load(to)
-        return [revise.migrate(self.app, run_id, plan, dry_run=dry_run, reason=reason,
-                               actor=actor or self.settings.actor)
-                for run_id in self.select(statuses=statuses, definition=definition)]
+        return revise.migrate_many(self.app, self.select(statuses=statuses,
+                                                         definition=definition),
+                                   plan, dry_run=dry_run, reason=reason,
+                                   actor=actor or self.settings.actor)
 
     def reset(self, run_id: str, step_id: str, *, actor: str | None = None,
               reason: str | None = None, on_events: EventHook | None = None,

@@ -9,7 +9,7 @@ The decisions themselves are pure (:func:`saga.replay.check_migration`,
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from saga import replay
@@ -34,15 +34,17 @@ class MigrationCheck:
     divergence: replay.Divergence | None
     migrated: bool = False
     version: int = 0
-    notes: list[str] = field(default_factory=list)
+    error: str | None = None  # in a bulk migration: why this run could not be checked
 
     @property
     def safe(self) -> bool:
         """Whether every recorded decision comes out the same with the new definition."""
-        return self.divergence is None
+        return self.divergence is None and self.error is None
 
     def describe(self) -> str:
         """One line: what happened, or would."""
+        if self.error is not None:
+            return f"{self.run_id}: not checked, {self.error}"
         if self.divergence is not None:
             return f"{self.run_id}: not safe, {self.divergence.as_migration()}"
         if self.from_hash == self.to_hash:
@@ -54,6 +56,7 @@ class MigrationCheck:
         """The check as JSON."""
         return {"run_id": self.run_id, "safe": self.safe, "migrated": self.migrated,
                 "from_hash": self.from_hash, "to_hash": self.to_hash, "version": self.version,
+                "error": self.error,
                 "divergence": None if self.divergence is None else {
                     **self.divergence.as_dict(), "message": self.divergence.as_migration()}}
 
@@ -94,6 +97,20 @@ def migrate(app: SagaApplication, run_id: str, plan: Plan, *, actor: str,
         check.migrated, check.version = True, run.version
         return check
     raise ConcurrentWriteError(run_id)
+
+
+def migrate_many(app: SagaApplication, run_ids: list[str], plan: Plan, *, actor: str,
+                 reason: str | None = None, dry_run: bool = False) -> list[MigrationCheck]:
+    """:func:`migrate` for each run; one that cannot be checked (it finished meanwhile,
+    writers kept racing) is listed with why, and the others still move."""
+    checks = []
+    for run_id in run_ids:
+        try:
+            checks.append(migrate(app, run_id, plan, actor=actor, reason=reason,
+                                  dry_run=dry_run))
+        except (RunStateError, ConcurrentWriteError) as e:
+            checks.append(MigrationCheck(run_id, "", plan.digest(), None, error=str(e)))
+    return checks
 
 
 def reset_plan(plan: Plan, run: Run, step_id: str) -> tuple[list[str], list[str]]:

@@ -168,6 +168,10 @@ def test_a_write_between_the_check_and_the_append_makes_the_check_run_again(
             ConcurrentWriteError(run.run_id)))
         with pytest.raises(ConcurrentWriteError):
             s.migrate("R-race", s.load(_as_mapping(V1 + CONFIRM)))
+        # in bulk, a run that cannot be checked is listed with why; nothing stops
+        [check] = s.migrate_all("order", s.load(_as_mapping(V1 + CONFIRM)))
+        assert not check.safe and "another writer" in (check.error or "")
+        assert "not checked" in check.describe()
 
 
 def test_reset_to_a_middle_step_undoes_then_reruns_with_new_keys(
