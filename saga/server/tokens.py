@@ -33,6 +33,8 @@ ADMIN_PATHS = ("/api/v1/schedules", "/api/v1/tokens")
 _SAFE = ("GET", "HEAD", "OPTIONS")
 #: The viewer's sessions (:mod:`saga.server.browser`), of every tenant.
 SESSIONS = "/api/v1/sessions"
+#: The process's Prometheus metrics, of every tenant.
+METRICS = "/metrics"
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,9 @@ class Principal:
                                           or self.tenant != DEFAULT_TENANT):
             # the viewer's sessions are the service's, of every tenant: only its operator's
             return "viewer sessions are managed with the default tenant's admin token"
+        if path == METRICS and self.tenant != DEFAULT_TENANT:
+            # the process's metrics count every tenant's runs
+            return "the service's metrics are read with a token of the default tenant"
         admin = path.startswith(ADMIN_PATHS)
         if admin and self.scope != "admin" and (method not in _SAFE or
                                                 path.startswith("/api/v1/tokens")):

@@ -108,6 +108,7 @@ def test_scopes_tenants_and_the_recorded_actor(
             # another tenant's run is not found, whatever the scope, and its tokens too
             assert beta.get(f"/api/v1/runs/{run_id}").status_code == 404
             assert beta.get("/api/v1/sessions").status_code == 403  # every tenant's
+            assert read.get("/metrics").status_code == 403  # counts every tenant's runs
             assert beta.get("/api/v1/report?tenant=acme").status_code == 404
             assert beta.post(f"/api/v1/runs/{run_id}/approve/deploy", json={}
                              ).status_code == 404
