@@ -148,6 +148,9 @@ def test_scopes_tenants_and_the_recorded_actor(
     assert history.returncode == 0, history.stderr
     assert [e["payload"].get("actor") for e in json.loads(history.stdout)
             if e["type"] == "ApprovalGranted"] == [actor]
+    # the actor is in the run's hash chain, which verifies
+    verified = saga({**env, "SAGA_TENANT": "acme"}, "audit", "verify", run_id)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
     report = saga(env, "report", "--tenant", "acme", "--format", "json")
     assert report.returncode == 0, report.stderr
     built = json.loads(report.stdout)
