@@ -115,7 +115,11 @@ def create_app(settings: Settings | None = None, *, tools: tuple[str, ...] = (),
                tokens: Tokens | None = None, worker: bool = True, concurrency: int = 4,
                max_body: int | None = None, hosts: tuple[str, ...] = ()) -> FastAPI:
     """The service's ASGI app over the configured store."""
-    service = Service(settings or load_settings(), tools=tools, tokens=tokens, worker=worker,
+    settings = settings or load_settings()
+    if settings.tenant != DEFAULT_TENANT:  # its tokens are the configured store's
+        raise ConfigError(f"saga serve serves every tenant, {settings.tenant!r} among them: "
+                          "leave SAGA_TENANT unset")
+    service = Service(settings, tools=tools, tokens=tokens, worker=worker,
                       concurrency=concurrency)
 
     @asynccontextmanager

@@ -190,6 +190,10 @@ def test_where_each_tenant_is_stored(tmp_path: Path) -> None:
                         "SAGA_DATABASE_SCHEMA": "main", "SAGA_TENANT": "acme"}, cwd=tmp_path)
     assert (pg.tenant, pg.database_url, pg.schema) == (
         "acme", "postgresql://saga@db1:5432/saga", "tenant_acme")
+    from saga.server.app import create_app
+
+    with pytest.raises(ConfigError, match="leave SAGA_TENANT unset"):
+        create_app(acme)
     with pytest.raises(ConfigError, match="no tenant 'nope'"):
         tenant_settings(lite, "nope")
     (tmp_path / "saga.toml").write_text("[tenants.default]\n")
