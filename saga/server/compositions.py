@@ -39,6 +39,7 @@ from saga.domain import Run
 from saga.errors import DefinitionError, InputError, Problem, SagaError
 from saga.server.runs import service
 from saga.server.service import error_response, named
+from saga.server.tokens import principal
 
 router = APIRouter(tags=["compositions (seeds 000 and 001)"])
 
@@ -119,7 +120,12 @@ def execute_workflow(request: Request, body: WorkflowRequest) -> JSONResponse:
     """Seed 000: run a workflow of skills to its end; its execution record."""
     svc = service(request)
     plan = svc.saga.load(workflow_composition(body))
-    run = svc.saga.run(plan, {}, actor=body.agent_id or svc.actor(request))
+    # a store token's id stays on the record, the agent named after it
+    token = principal(request)
+    actor = (f"{svc.actor(request)}:{body.agent_id}"
+             if token is not None and token.token_id and body.agent_id
+             else body.agent_id or svc.actor(request))
+    run = svc.saga.run(plan, {}, actor=actor)
     return JSONResponse(execution(run))
 
 

@@ -96,6 +96,12 @@ def test_scopes_tenants_and_the_recorded_actor(
             assert operate.get("/api/v1/tokens").status_code == 403
             assert operate.post("/api/v1/tokens", json={"scope": "read"}).status_code == 403
             assert operate.delete("/api/v1/schedules/nightly").status_code == 403
+            # an agent's run through the seed API keeps the token on the record too
+            agent = operate.post("/api/composition/execute", json={
+                "workflow_id": "w", "agent_id": "agent-7", "steps": [
+                    {"step_id": "a", "skill_id": "echo", "inputs": {}, "dependencies": []}]})
+            assert agent.json()["agent_id"] == \
+                f"token:{ids['acme', 'operate']}:acme-operate:agent-7", agent.text
             # admin may
             listed = admin.get("/api/v1/tokens")
             assert listed.status_code == 200
