@@ -29,6 +29,7 @@ from saga.expressions.limits import (
     _pow,
     _range,
     _Refusal,
+    _round,
     _sampled_size,
     _str,
     _sum,
@@ -77,7 +78,7 @@ _SAFE_BUILTINS: dict[str, Any] = {
     "len": len, "str": _str, "int": int, "float": float, "bool": bool, "list": list,
     "dict": dict, "tuple": tuple, "set": set, "min": _keyless(min), "max": _keyless(max),
     "sum": _sum, "any": any, "all": all, "sorted": _keyless(sorted), "reversed": reversed,
-    "enumerate": enumerate, "zip": zip, "range": _range, "abs": abs, "round": round,
+    "enumerate": enumerate, "zip": zip, "range": _range, "abs": abs, "round": _round,
 }
 
 
@@ -567,6 +568,9 @@ def _run(source: str, mode: str, namespace: Mapping[str, Any],
         return interpreter.visit(tree), interpreter.locals
     except RecursionError:
         raise ExpressionError(f"{kind} {source!r} is nested too deeply", source) from None
+    except MemoryError:  # whatever allocated it, the step fails, not the process
+        raise ExpressionLimit(f"expression limit: memory: {kind} {source!r} ran out of "
+                              "memory ([limits] max_memory)", source) from None
     except (_Break, _Continue):
         raise ExpressionError(f"break/continue outside a loop in {kind}", source) from None
 

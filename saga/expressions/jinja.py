@@ -3,6 +3,7 @@ names, almost no globals, and size-checked ``*``/``**``/``%``."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -29,6 +30,7 @@ from saga.expressions.limits import (
     Meter,
     _add,
     _limit,
+    _method_args,
     _mod,
     _mul,
     _pow,
@@ -39,6 +41,7 @@ from saga.expressions.limits import (
     budget,
     charge,
     check_time,
+    format_widths,
     guarded,
     held_bytes,
 )
@@ -64,10 +67,34 @@ class _Sandbox(ImmutableSandboxedEnvironment):
     intercepted_binops = frozenset({"+", "*", "**", "%"})
     code_generator_class = _CheckedCodeGenerator
 
+    def call(__self, __context: Context, __obj: Any, *args: Any,
+             **kwargs: Any) -> Any:
+        # every call (a macro, a loop(...) of a recursive for, a filter, a method) looks
+        # at the clock: a macro calling itself twice per call never reaches a loop check
+        check_time(_DEADLINE.get())
+        return super().call(__context, __obj, *args, **kwargs)
+
     def getattr(self, obj: Any, attribute: str) -> Any:
         if isinstance(obj, dict) and attribute in obj:
             return obj[attribute]
-        return super().getattr(obj, attribute)
+        return _sized(obj, attribute, super().getattr(obj, attribute))
+
+    def getitem(self, obj: Any, argument: Any) -> Any:
+        value = super().getitem(obj, argument)
+        return _sized(obj, argument, value) if isinstance(argument, str) else value
+
+    def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
+        wrapped = super().wrap_str_format(value)
+        if wrapped is None:
+            return None
+        template, mapping = value.__self__, value.__name__ == "format_map"
+
+        def checked(*args: Any, **kwargs: Any) -> str:
+            # '{0:>1000000000}'.format(1) is refused before it allocates a gigabyte
+            format_widths(template, () if mapping else args,
+                          (args[0] if args else {}) if mapping else kwargs)
+            return charge(wrapped(*args, **kwargs))
+        return checked
 
     def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
         return charge({"+": _add, "*": _mul, "**": _pow, "%": _mod}[operator](left, right))
@@ -77,6 +104,23 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         parts = [_str(value) for value in values]
         _limit(sum(map(len, parts)), limits._MAX_SIZE, "concatenation (~)")
         return charge("".join(parts))
+
+
+#: String methods whose size argument is checked before they run.
+_SIZED_METHODS = frozenset({"center", "ljust", "rjust", "zfill", "expandtabs", "replace",
+                            "join"})
+
+
+def _sized(obj: Any, name: Any, value: Any) -> Any:
+    """A string's method that could allocate without bound, checked (as the interpreter
+    checks it) before it runs; anything else as it is."""
+    if not isinstance(obj, str) or name not in _SIZED_METHODS or not callable(value):
+        return value
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        listed = _method_args(obj, name, list(args), kwargs)
+        return charge(value(*listed, **kwargs))
+    return checked
 
 
 class _CheckedRange(Sequence[int]):
@@ -113,6 +157,19 @@ _ENV.filters.update(
 # Compiled templates call filters directly, past the sandbox: each one is checked itself
 # (center(10**9) is refused before it allocates a gigabyte).
 _ENV.filters.update({name: guarded(f) for name, f in _ENV.filters.items()})
+_JINJA_ROUND = _ENV.filters["round"]
+
+
+@functools.wraps(_JINJA_ROUND)
+def _round_filter(value: Any, precision: int = 0, method: str = "common") -> Any:
+    """Jinja's ``round``, refusing a precision past _MAX_EXPONENT digits (it would raise
+    10 to that power first)."""
+    if isinstance(precision, int) and abs(precision) > limits._MAX_EXPONENT:
+        raise _TooLarge(f"round() to {precision} digits (limit {limits._MAX_EXPONENT})")
+    return _JINJA_ROUND(value, precision, method)
+
+
+_ENV.filters["round"] = _round_filter
 
 
 @lru_cache(maxsize=1024)
@@ -154,6 +211,9 @@ def _template_errors(source: str) -> Iterator[None]:
         raise ExpressionError(f"{str(exc).rstrip('.')} in template {source!r}", source) from None
     except RecursionError:
         raise ExpressionError(f"template {source!r} is nested too deeply", source) from None
+    except MemoryError:  # whatever allocated it, the step fails, not the process
+        raise ExpressionLimit(f"expression limit: memory: template {source!r} ran out of "
+                              "memory ([limits] max_memory)", source) from None
     except _PY_ERRORS as exc:
         raise ExpressionError(f"{type(exc).__name__}: {exc} in template {source!r}",
                               source) from None

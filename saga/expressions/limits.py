@@ -149,6 +149,34 @@ def _range(*args: int) -> range:
     return result
 
 
+def _round(number: Any, ndigits: Any = None) -> Any:
+    """``round``, refusing a precision past _MAX_EXPONENT digits (an integer rounded to
+    ``-10**9`` digits computes ``10**10**9`` first)."""
+    if isinstance(ndigits, int) and abs(ndigits) > _MAX_EXPONENT:
+        raise _TooLarge(f"round() to {ndigits} digits (limit {_MAX_EXPONENT})")
+    return round(number) if ndigits is None else round(number, ndigits)
+
+
+def format_widths(fmt: str, args: Any = (), kwargs: Any = None) -> None:
+    """Refuse a ``str.format`` template whose widths or precisions pass _MAX_WIDTH, or
+    that takes them from an argument past it (``'{0:>{1}}'``), before it allocates."""
+    import string
+
+    try:
+        fields = list(string.Formatter().parse(fmt))
+    except ValueError:
+        return  # format itself reports the malformed template
+    for _, _, spec, _ in fields:
+        if not spec:
+            continue
+        if any(int(n) > _MAX_WIDTH for n in re.findall(r"\d+", spec)):
+            raise _TooLarge(f"format spec {spec!r} is too wide (limit {_MAX_WIDTH})")
+        if "{" in spec:  # a nested field: its value becomes a width
+            values = [*args, *(kwargs or {}).values()]
+            if any(isinstance(v, int) and abs(v) > _MAX_WIDTH for v in values):
+                raise _TooLarge(f"a width past {_MAX_WIDTH} in format spec {spec!r}")
+
+
 def _sum(iterable: Any, start: Any = 0) -> Any:
     """``sum`` of numbers only (summing lists or strings could allocate without bound)."""
     if not isinstance(start, int | float):
@@ -175,6 +203,10 @@ def _method_args(owner: Any, name: str, args: list[Any], kwargs: dict[str, Any])
     """Refuse method calls that could allocate without bound; returns the (listed) args."""
     if name in {"center", "ljust", "rjust", "zfill"} and args and isinstance(args[0], int):
         _limit(args[0], _MAX_SIZE, f"str.{name}() result")
+    elif name == "expandtabs" and args and isinstance(args[0], int):
+        _limit(len(owner) + owner.count("\t") * args[0], _MAX_SIZE, "str.expandtabs() result")
+    elif name in {"format", "format_map"} and isinstance(owner, str):
+        format_widths(owner, args, kwargs if name == "format" else (args[0] if args else {}))
     elif name == "replace" and len(args) >= 2 and all(isinstance(a, str) for a in args[:2]):
         hits = owner.count(args[0]) if args[0] else len(owner) + 1
         _limit(len(owner) + hits * len(args[1]), _MAX_SIZE, "str.replace() result")

@@ -149,3 +149,55 @@ def test_the_size_limits_come_from_saga_toml(tmp_path: Any) -> None:
         assert render("{{ 'a' * 1500 }}", {}) == "a" * 1500
     finally:
         configure(DEFAULT_SECONDS, max_value_size=10_000_000, max_items=1_000_000)
+
+
+@pytest.mark.timeout(30)
+def test_a_macro_calling_itself_twice_stops_at_the_budget() -> None:
+    """f(40) makes 2**40 calls: every macro call looks at the clock (it used to run on for
+    a minute, pinning its worker)."""
+    exponential = ("{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}"
+                   "{% endmacro %}{{ f(40) }}")
+    with pytest.raises(ExpressionLimit, match="expression_seconds"):
+        render(exponential, {})
+
+
+@pytest.mark.parametrize(("source", "refusal"), [
+    ("{{ 'a'.ljust(10**9) }}", "ljust"),
+    ("{{ 'a'['center'](10**9) }}", "center"),
+    ("{{ '{0:>1000000000}'.format(1) }}", "too wide"),
+    ("{{ '{0:>{1}}'.format(1, 10**9) }}", "width past"),
+    ("{{ '{x:>1000000000}'.format_map({'x': 1}) }}", "too wide"),
+    ("{{ 5 | round(-5000000) }}", "round"),
+])
+def test_sizes_are_checked_before_they_allocate(source: str, refusal: str) -> None:
+    """Refused by the size check itself (before allocating a gigabyte, or raising 10 to a
+    huge power), not later by the clock or the memory ceiling."""
+    with pytest.raises(ExpressionLimit, match=refusal):
+        render(source, {})
+    assert render("{{ 'ab'.ljust(4) }}|{{ '{0:>3}'.format(1) }}|{{ 3.14159 | round(2) }}",
+                  {}) == "ab  |  1|3.14"
+
+
+def test_round_to_a_huge_precision_is_refused_at_once() -> None:
+    with pytest.raises(ExpressionLimit, match="round"):
+        run_compute("result = round(5, -1000000000)", {})
+    assert run_compute("result = round(1234, -2)", {}) == 1200
+
+
+def test_memory_error_in_evaluation_fails_the_step(lite: Saga, monkeypatch: Any) -> None:
+    """Whatever runs out of memory inside an evaluation, the step fails with
+    ExpressionLimit; the process goes on."""
+    from saga.expressions import interpreter, jinja
+
+    def exhausted(*args: Any, **kwargs: Any) -> Any:
+        raise MemoryError
+
+    monkeypatch.setattr(interpreter, "_format", exhausted)
+    monkeypatch.setitem(jinja._ENV.filters, "upper", exhausted)
+    jinja._text_template.cache_clear()
+    jinja._native_expression.cache_clear()
+    with pytest.raises(ExpressionLimit, match="memory"):
+        render("{{ 'a' | upper }}", {})
+    run = lite.run(lite.load({"name": "oom", "steps": [
+        {"id": "f", "compute": "result = f'{1:>5}'"}]}))
+    assert run.status == "failed" and run.steps["f"]["error"]["type"] == "ExpressionLimit"
