@@ -181,7 +181,17 @@ class SagaApplication(Application[UUID]):
             interval = self.snapshotting_intervals.get(type(aggregate)) \
                 if aggregate is not None and self.snapshotting_intervals else None
             if interval is not None and snapshot_due(event.originator_version, interval):
-                self.take_snapshot(event.originator_id, version=event.originator_version)
+                try:
+                    self.take_snapshot(event.originator_id, version=event.originator_version)
+                except (DoctoredSnapshotError, TopicError) as e:
+                    # the snapshot it would build on is doctored (or unreadable): this one
+                    # is built from the events, and the events just recorded stand (a
+                    # compensation must not stop half-way over a cache)
+                    log.warning("%s; snapshotting run %s from its events", e,
+                                event.originator_id)
+                    run = self._fold(event.originator_id, event.originator_version)
+                    if run is not None and self.snapshots is not None:
+                        self.snapshots.put([Run.Snapshot.take(run)])
 
     def start(self, plan: Any, inputs: dict[str, Any], context: dict[str, Any],
               options: dict[str, Any] | None = None, run_id: str | None = None) -> Run:
