@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
+import string
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -160,8 +161,6 @@ def _round(number: Any, ndigits: Any = None) -> Any:
 def format_widths(fmt: str, args: Any = (), kwargs: Any = None) -> None:
     """Refuse a ``str.format`` template whose widths or precisions pass _MAX_WIDTH, or
     that takes them from an argument past it (``'{0:>{1}}'``), before it allocates."""
-    import string
-
     try:
         fields = list(string.Formatter().parse(fmt))
     except ValueError:

@@ -183,10 +183,8 @@ class SagaApplication(Application[UUID]):
             if interval is not None and snapshot_due(event.originator_version, interval):
                 try:
                     self.take_snapshot(event.originator_id, version=event.originator_version)
-                except (DoctoredSnapshotError, TopicError) as e:
-                    # the snapshot it would build on is doctored (or unreadable): this one
-                    # is built from the events, and the events just recorded stand (a
-                    # compensation must not stop half-way over a cache)
+                except (DoctoredSnapshotError, TopicError) as e:  # it would build on a
+                    # doctored one: this one is built from the events, which stand
                     log.warning("%s; snapshotting run %s from its events", e,
                                 event.originator_id)
                     run = self._fold(event.originator_id, event.originator_version)
