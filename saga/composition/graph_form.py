@@ -77,7 +77,7 @@ import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from saga.composition.definition import Definition, ErrorHandling, Step
+from saga.composition.definition import Definition, ErrorHandling, Step, ToolCall
 from saga.composition.graph_checks import graph_problems, validate, validate_list
 from saga.composition.graph_model import (
     BranchNodeConfig,
@@ -98,7 +98,7 @@ from saga.composition.graph_model import (
     body,
     meeting_point,
 )
-from saga.composition.plan import Plan
+from saga.composition.plan import Plan, own_undo
 from saga.errors import DefinitionError, Problem
 from saga.lazy import lazy
 
@@ -146,8 +146,8 @@ def compile_graph(data: dict[str, Any], *, tools: Any = None,
     if problems:
         raise DefinitionError(problems, source)
     given_edges = {"edges": data["edges"] or []} if "edges" in data else {}  # `edges:` is none
-    model = WorkflowGraph.model_validate({**data, **given_edges}).model_copy(
-        update={"exit_points": exits})
+    model = _own_compensations(WorkflowGraph.model_validate({**data, **given_edges}).model_copy(
+        update={"exit_points": exits}), tools)
     flow = nx.DiGraph()
     for node in model.nodes:
         flow.add_node(node.id, step=_step(model, node))
@@ -164,16 +164,34 @@ def compile_graph(data: dict[str, Any], *, tools: Any = None,
     return GraphPlan(definition, flow, order, model)
 
 
+def _own_compensations(model: WorkflowGraph, tools: Any) -> WorkflowGraph:
+    """A task node that says nothing about compensation is undone by its role's own
+    compensation when the tool has one, as a step-list step is (:func:`own_undo`). Written
+    into the graph itself, as ``compensate: {}``, because the graph is what a run records
+    (``RunStarted``) and a new process recompiles it without the tools."""
+    nodes = []
+    for node in model.nodes:
+        task = node.task_config
+        if task is not None and own_undo(_step(model, node), tools):
+            task = task.model_copy(update={"compensate": ToolCall()})
+            node = node.model_copy(update={"task_config": task})
+        nodes.append(node)
+    return model.model_copy(update={"nodes": nodes})
+
+
 def _step(model: WorkflowGraph, node: Node) -> Step:
     """The synthesised step of a node: what the executor calls, times out, retries and
     compensates. Branch, merge, parallel and human nodes never reach the executor."""
     base: dict[str, Any] = {"id": node.id, "description": node.label or node.description}
     if node.task_config is not None:
         task = node.task_config
+        # Only a compensation the node states (``false`` included) is passed on: an
+        # unset one is the role's own undo, when it has one (_own_compensations).
+        stated = {"compensate": task.compensate} if "compensate" in task.model_fields_set \
+            else {}
         return Step.model_validate({**base, "tool": task.role,
                                     "parameters": {"task": task.task_template},
-                                    "timeout": task.timeout, "retry": task.retry,
-                                    "compensate": task.compensate})
+                                    "timeout": task.timeout, "retry": task.retry, **stated})
     if node.gate_config is not None:
         types = {n.id: n.type for n in model.nodes}
         onward = [types[e.target] for e in model.edges if e.source == node.id]
@@ -229,7 +247,15 @@ class GraphPlan(Plan):
 
     def _dump(self) -> dict[str, Any]:
         # Recorded in ``RunStarted``: the normalised graph, exit points filled in.
-        return self.model.model_dump(mode="json", exclude_defaults=True)
+        record = self.model.model_dump(mode="json", exclude_defaults=True)
+        # ``compensate: false`` equals the default yet means "not the role's own undo":
+        # kept, so the record compiled again with the tools says the same.
+        for node, raw in zip(self.model.nodes, record["nodes"], strict=True):
+            task = node.task_config
+            if task is not None and task.compensate is None \
+                    and "compensate" in task.model_fields_set:
+                raw["task_config"]["compensate"] = False
+        return record
 
     @functools.cached_property
     def nodes(self) -> dict[str, Node]:

@@ -214,27 +214,27 @@ def _own_compensations(definition: Definition, tools: Any) -> Definition:
     compensation, when the tool has one (seed 001: "rollback actions are tool-specific");
     ``compensate: false`` opts out. Written into the definition, so the recorded run says
     how each step is undone and replay never needs the tools to know it."""
-    if not isinstance(tools, Mapping):
-        return definition
-    def undoes(step: Step) -> bool:
-        tool = tools.get(step.tool) if step.tool is not None else None
-        can_undo = getattr(tool, "can_undo", None)
-        if "compensate" in step.model_fields_set or not callable(can_undo):
-            return False
-        if isinstance(step.parameters, dict):
-            return bool(can_undo(step.parameters))
-        # One whole-value template: the parameters exist only once rendered (recorded in
-        # StepStarted, and what the tool's undo is called with). How the step is written
-        # changes nothing about its effect, so it is undone like its literal twin; a tool
-        # whose undo needs something the rendered parameters lack refuses then
-        # (NoCompensation), and the step is named as not undone.
-        return getattr(tool, "compensate", None) is not None
-
-    steps = [step.model_copy(update={"compensate": ToolCall()}) if undoes(step) else step
-             for step in definition.steps]
+    steps = [step.model_copy(update={"compensate": ToolCall()})
+             if own_undo(step, tools) else step for step in definition.steps]
     if all(a is b for a, b in zip(steps, definition.steps, strict=True)):
         return definition
     return definition.model_copy(update={"steps": steps})
+
+
+def own_undo(step: Step, tools: Any) -> bool:
+    """Whether ``step`` says nothing about compensation and its tool (from ``tools``, a
+    mapping of tools by name; anything else knows none) has an undo of its own for it.
+    The step-list form and the graph form's task nodes (seed 004) both ask this."""
+    tool = tools.get(step.tool) if isinstance(tools, Mapping) and step.tool else None
+    can_undo = getattr(tool, "can_undo", None)
+    if "compensate" in step.model_fields_set or not callable(can_undo):
+        return False
+    if isinstance(step.parameters, dict):
+        return bool(can_undo(step.parameters))
+    # One whole-value template: its parameters exist once rendered (in StepStarted, what
+    # the undo is called with), so it is undone like its literal twin; an undo that needs
+    # what they lack refuses then (NoCompensation), and the step is named as not undone.
+    return getattr(tool, "compensate", None) is not None
 
 
 RawSteps = list[tuple[int, dict[str, Any]]]
