@@ -191,7 +191,8 @@ class BrowserGuard:
         if scope["type"] == "http" and scope["path"] == _SIGN_IN:
             await self._session_route(scope, receive, send, headers)
             return
-        if scope["type"] == "http" and scope["method"] == "GET" and "token" in _query(scope):
+        if scope["type"] == "http" and scope["method"] == "GET" and \
+                not scope["path"].startswith("/api/") and "token" in _query(scope):
             await self._sign_in_link(scope, receive, send, headers)
             return
         bearer = headers.get("authorization") is not None
