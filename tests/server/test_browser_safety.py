@@ -145,3 +145,19 @@ def test_odd_event_ids_and_deep_bodies_are_the_callers_error(sqlite_server: Serv
         assert c.post("/api/v1/runs", json={"composition": composition}).status_code == 422
         assert c.post("/api/v1/runs", json={"template": "quickstart",
                                             "inputs": deep}).status_code == 422
+
+
+def test_sessions_expire_and_are_revoked_by_the_listed_id() -> None:
+    from saga.server.browser import Sessions
+
+    now = [1000.0]
+    sessions = Sessions(seconds=60, clock=lambda: now[0])
+    first, second = sessions.open("t", "chromium"), sessions.open("t")
+    assert sessions.get(first.id) is first and first.csrf != first.id
+    listed = [s.to_json() for s in sessions.all()]
+    assert [s["id"] for s in listed] == [first.id[:12], second.id[:12]]
+    assert all(set(s) == {"id", "created", "expires", "agent"} for s in listed)  # no token
+    assert sessions.revoke(first.id[:4]) == 0  # too short to name one
+    assert sessions.revoke(first.id[:12]) == 1 and sessions.get(first.id) is None
+    now[0] += 61
+    assert sessions.get(second.id) is None and sessions.all() == []
