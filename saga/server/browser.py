@@ -159,6 +159,12 @@ def security_headers(viewer: Path) -> list[tuple[bytes, bytes]]:
             (b"cross-origin-resource-policy", b"same-origin")]
 
 
+_DOCS_POLICY = (b"default-src 'self'; script-src 'self' 'unsafe-inline' "
+                b"https://cdn.jsdelivr.net; style-src 'self' 'unsafe-inline' "
+                b"https://cdn.jsdelivr.net; img-src 'self' data: https://fastapi.tiangolo.com; "
+                b"worker-src blob:; frame-ancestors 'none'; base-uri 'none'; object-src 'none'")
+
+
 class BrowserGuard:
     """ASGI middleware in front of :class:`~saga.server.app.Guard`: ``Host``, ``Origin``,
     sessions and CSRF, the sign-in exchange, and the security headers."""
@@ -167,13 +173,17 @@ class BrowserGuard:
                  sessions: Sessions, hosts: frozenset[str], viewer: Path) -> None:
         self.app, self.access, self.sessions, self.hosts = app, access, sessions, hosts
         self.headers = security_headers(viewer)
+        # /docs is FastAPI's Swagger UI, loaded from its CDN with an inline script
+        self.docs_headers = [(k, _DOCS_POLICY if k == b"content-security-policy" else v)
+                             for k, v in self.headers]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
         if scope["type"] == "http":
-            send = self._with_headers(send)
+            send = self._with_headers(send, self.docs_headers if scope["path"] in (
+                "/docs", "/redoc", "/docs/oauth2-redirect") else self.headers)
         headers = Headers(scope=scope)
         name = host_name(headers.get("host", ""))
         if name is None or ("*" not in self.hosts and name not in self.hosts):
@@ -215,8 +225,7 @@ class BrowserGuard:
             return
         await self.app(scope, receive, send)
 
-    def _with_headers(self, send: Send) -> Send:
-        extra = self.headers
+    def _with_headers(self, send: Send, extra: list[tuple[bytes, bytes]]) -> Send:
 
         async def sending(message: Message) -> None:
             if message["type"] == "http.response.start":

@@ -58,6 +58,9 @@ def test_the_browser_session_is_not_the_token(make_server: Any) -> None:
         assert page.status_code == 200
         assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
         assert page.headers["x-frame-options"] == "DENY"
+        # Swagger UI comes from its CDN: /docs alone may load it
+        assert "cdn.jsdelivr.net" in browser.get("/docs").headers["content-security-policy"]
+        assert "cdn.jsdelivr.net" not in page.headers["content-security-policy"]
         csrf = browser.get("/api/v1/session").json()["csrf"]
         cancel = f"/api/v1/runs/{run_id}/cancel"
         # what any page can send: a form or a no-cors fetch, with the cookie (same site)
