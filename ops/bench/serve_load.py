@@ -17,6 +17,7 @@ import asyncio
 import json
 import os
 import platform
+import secrets
 import socket
 import statistics
 import subprocess
@@ -60,8 +61,13 @@ async def watch(client: httpx.AsyncClient, run_id: str) -> tuple[list[int], str]
     return versions, last
 
 
+#: The server's token (saga serve makes one when given none; this one is given).
+TOKEN = secrets.token_urlsafe(24)
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
 async def client_loop(url: str, until: float, stats: dict[str, Any]) -> None:
-    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=60, headers=AUTH) as client:
         while time.monotonic() < until:
             began = time.monotonic()
             try:
@@ -93,6 +99,7 @@ def main() -> None:
     parser.add_argument("--postgres", help="a PostgreSQL URL (a fresh schema is used)")
     args = parser.parse_args()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAGA_")}
+    env["SAGA_API_TOKEN"] = TOKEN
     home = tempfile.mkdtemp(prefix="saga-load-")
     if args.postgres:
         env["SAGA_DATABASE_URL"] = args.postgres

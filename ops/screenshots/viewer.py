@@ -12,6 +12,7 @@ Needs Debian's chromium and chromedriver (ops/ensure-browser.sh).
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -123,7 +124,9 @@ def main(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     home = Path(tempfile.mkdtemp(prefix="saga-shots-"))
     port = free_port()
-    env = {**os.environ, "SAGA_HOME": str(home), "PYTHONPATH": str(ROOT)}
+    token = secrets.token_urlsafe(24)
+    env = {**os.environ, "SAGA_HOME": str(home), "PYTHONPATH": str(ROOT),
+           "SAGA_API_TOKEN": token}
     env.pop("SAGA_DATABASE_URL", None)
     server = subprocess.Popen([sys.executable, "-m", "saga", "serve", "--port", str(port),
                                *TOOLS], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
@@ -131,7 +134,8 @@ def main(out: Path) -> None:
     url = f"http://127.0.0.1:{port}"
     driver = None
     try:
-        with httpx.Client(base_url=url, timeout=10) as client:
+        with httpx.Client(base_url=url, timeout=10,
+                          headers={"Authorization": f"Bearer {token}"}) as client:
             deadline = time.monotonic() + 30
             while True:
                 try:
@@ -143,7 +147,7 @@ def main(out: Path) -> None:
                 time.sleep(0.2)
             runs = make_runs(client)
         driver = browser()
-        driver.get(url + "/")
+        driver.get(url + f"/?token={token}")  # signs the browser in, as saga serve's URL
         WebDriverWait(driver, 20).until(lambda d: d.find_elements(By.CSS_SELECTOR, "tr[data-run]"))
         full_page(driver, out / "runs.png")
         for name, run_id in runs.items():
