@@ -7,7 +7,7 @@ import os
 
 import click
 
-from saga.cli.app import main
+from saga.cli.app import _emit_json, json_option, main
 from saga.config import load_settings
 from saga.errors import ConfigError
 from saga.store.encryption import kek_id, kek_of, rotate
@@ -24,20 +24,26 @@ def keys() -> None:
 
 
 @keys.command(name="generate")
-def keys_generate() -> None:
+@json_option
+def keys_generate(as_json: bool) -> None:
     """Print a new random key (base64 of 32 bytes), for [encryption] key_env.
 
     \b
     Example:
       saga keys generate > kek.txt
     """
-    click.echo(base64.urlsafe_b64encode(os.urandom(32)).decode())
+    key = base64.urlsafe_b64encode(os.urandom(32)).decode()
+    if as_json:
+        _emit_json({"key": key, "key_id": kek_id(kek_of(key))})
+        return
+    click.echo(key)
 
 
 @keys.command(name="rotate")
 @click.option("--new-key-env", "variable", required=True, metavar="VAR",
               help="The variable that holds the new key.")
-def keys_rotate(variable: str) -> None:
+@json_option
+def keys_rotate(variable: str, as_json: bool) -> None:
     """Wrap every run's data key with a new key (no event is rewritten).
 
     The configured key unwraps them; afterwards point [encryption] key_env (or
@@ -52,5 +58,8 @@ def keys_rotate(variable: str) -> None:
     if not new:
         raise ConfigError(f"the variable {variable} is not set")
     count = rotate(load_settings(), new)
+    if as_json:
+        _emit_json({"rewrapped": count, "key_id": kek_id(kek_of(new)), "key_env": variable})
+        return
     click.echo(f"rewrapped {count} data key(s) with key {kek_id(kek_of(new))}; now set "
                f"SAGA_ENCRYPTION_KEY_ENV={variable} (or [encryption] key_env)")

@@ -176,8 +176,11 @@ def test_rotation_then_shredding(settings: Settings, tmp_path: Path) -> None:
         for path in settings.home.glob("saga.db*"):
             shutil.copy(path, copy / path.name)
     # Rotation rewraps the data keys: the events read with the new key only.
-    ok(cli(settings, tmp_path, "keys", "rotate", "--new-key-env", "NEW_KEY", key=old,
-           NEW_KEY=new))
+    rotated = json.loads(ok(cli(settings, tmp_path, "keys", "rotate", "--new-key-env",
+                                "NEW_KEY", "--json", key=old, NEW_KEY=new)))
+    assert rotated["rewrapped"] >= 1 and rotated["key_env"] == "NEW_KEY"
+    generated = json.loads(ok(cli(settings, tmp_path, "keys", "generate", "--json", key=None)))
+    assert generated["key_id"] not in {rotated["key_id"], generated["key"]}
     assert before == raw_rows(settings)  # no event was rewritten
     assert SECRET_OUT in ok(cli(settings, tmp_path, "history", run_id, key=new))
     stale = cli(settings, tmp_path, "history", run_id, key=old)
