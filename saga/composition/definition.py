@@ -477,7 +477,11 @@ def did_you_mean(name: str, known: Iterable[str]) -> str:
 def unknown_tool(name: str, tools: Iterable[str]) -> str:
     """What a composition is told about a tool that is not there: its name, and the
     available tools its spelling is close to."""
-    close = did_you_mean(name, tools)
+    # A registry's lazy view offers the tools it has loaded (the name's own provider was
+    # asked when the name was looked up): listing them all would start every declared MCP
+    # server, the ones the run never names included.
+    loaded = getattr(tools, "loaded", None)
+    close = did_you_mean(name, loaded() if callable(loaded) else tools)
     return f"unknown tool {name!r}" + (f"; did you mean {close}?" if close else "")
 
 

@@ -215,6 +215,11 @@ class Registry:
         self.load_all()
         return set(self._tools)
 
+    def loaded_names(self) -> set[str]:
+        """The names of the tools registered or loaded so far (starts no provider)."""
+        with self._lock:
+            return set(self._tools)
+
     def __iter__(self) -> Iterator[Tool]:
         self.load_all()
         return iter(sorted(self._tools.values(), key=lambda t: t.name))
@@ -246,6 +251,11 @@ class _ToolMap(Mapping[str, Tool]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(sorted(self._registry.names()))
+
+    def loaded(self) -> set[str]:
+        """The names looked up or registered so far, without loading any provider: what a
+        misspelt name is compared with (listing every name would start every MCP server)."""
+        return self._registry.loaded_names()
 
     def __len__(self) -> int:
         return len(self._registry.names())

@@ -114,6 +114,16 @@ def test_servers_start_only_for_the_names_used(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="MCP server 'missing'"):
         s.load(chain({"id": "a", "tool": "mcp.missing.x"}))
     s.close()
+    # A misspelt tool of a server that starts is offered its server's tools, and the
+    # suggestions start no other server.
+    both = {"mcp": {"servers": {k: MCP["mcp"]["servers"][k] for k in ("t", "missing")}}}
+    s = Saga(Settings(home=tmp_path / ".saga", file=both),
+             registry=load_registry((), settings=Settings(file=both)))
+    with pytest.raises(DefinitionError) as misspelt:
+        s.load(chain({"id": "a", "tool": "mcp.t.ad"}))
+    [problem] = misspelt.value.problems
+    assert problem.message.startswith("unknown tool 'mcp.t.ad'; did you mean 'mcp.t.add'")
+    s.close()
 
 
 def test_bad_server_declarations_are_config_errors() -> None:
