@@ -156,6 +156,13 @@ def test_a_reader_going_away_is_silent(tmp_path: Path) -> None:
         assert gone.returncode == 0, (args, gone.returncode)
 
 
+def _sigint_default() -> None:
+    # As in a terminal: a test run started in the background (`pytest &`) has SIGINT
+    # ignored, its children inherit that, and saga (as Python) leaves it ignored, so
+    # the Ctrl-C below would never arrive and the run would just finish.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_in_run_says_what_it_left_and_another_process_finishes_it(
         tmp_path: Path, settings: Settings) -> None:
     env = store_env(settings, SAGA_ACTOR="ops")
@@ -173,7 +180,7 @@ steps:
 """)
     proc = subprocess.Popen([sys.executable, "-m", "saga.cli", "run", str(flow), "--id", "CC-1"],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default)
     assert proc.stdout is not None
     deadline = time.monotonic() + 60
     for line in proc.stdout:  # off a terminal: one line per event
@@ -189,7 +196,7 @@ steps:
     calls.write_text("")
     quiet = subprocess.Popen([sys.executable, "-m", "saga.cli", "run", str(flow), "--json"],
                              cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+                             stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default)
     while not calls.read_text():  # its first step has run: the run is recorded
         assert quiet.poll() is None and time.monotonic() < deadline
         time.sleep(0.05)
