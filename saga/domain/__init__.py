@@ -1,7 +1,7 @@
 """The domain: the ``Run`` aggregate (:mod:`~saga.domain.run`) and the vocabulary every
 stage speaks about runs (:mod:`~saga.domain.vocabulary`)."""
 
-from saga.domain import revisions  # attaches its events to Run
+from saga.domain import revisions, waits  # attach their events to Run
 from saga.domain.run import Run
 from saga.domain.vocabulary import (
     DECISIONS,
@@ -65,4 +65,5 @@ __all__ = [
     "run_uuid",
     "status_after",
     "step_key",
+    "waits",
 ]

@@ -1,6 +1,7 @@
 """The ``Run`` aggregate: one run of a composition, as a fold over its events.
 
-Every decision and result of a run is one of the past-tense events below; the state
+Every decision and result of a run is one of the past-tense events below (or in
+:mod:`~saga.domain.revisions` and :mod:`~saga.domain.waits`); the state
 (status of the run and of each step, outputs, attempts, compensation progress) is built
 from them and nothing else. Payloads are plain JSON values so SQL and other languages can
 read the log. Event handlers only change state: no clock, no I/O, no randomness (the
@@ -373,49 +374,7 @@ class Run(RunCommands, StepStates, Aggregate):
             aggregate.approvals[self.step_id].update(status="rejected", actor=self.actor,
                                                      comment=self.comment)
 
-    # -- waits: timers, signals, pauses -------------------------------------------------
-
-    class StepWaiting(Event):
-        """A started ``sleep`` or ``signal`` step waits: until a time (the worker's clock
-        read once, recorded here), for a signal, or both (a signal with a timeout). A
-        ``use:`` step whose child run waits records the ``child`` it waits for, and
-        ``until`` when the child's own next time comes (its timer, retry or deadline)."""
-
-        TOPIC = "saga.StepWaiting"
-        step_id: str
-        iteration: int
-        until: str | None
-        signal: str | None
-        child: str | None = None
-
-        def apply(self, aggregate: Any) -> None:
-            wait = {"until": self.until, "signal": self.signal}
-            if self.child is not None:  # absent from the waits of sleeps and signals
-                wait["child"] = self.child
-            aggregate._step(self.step_id, self.iteration)["wait"] = wait
-
-    class SignalReceived(Event):
-        """A signal was sent to the run; the first step waiting for its name (now or
-        later) consumes it, in the order signals arrived."""
-
-        TOPIC = "saga.SignalReceived"
-        name: str
-        data: Any
-
-        def apply(self, aggregate: Any) -> None:
-            received = aggregate.__dict__.setdefault("signals", [])
-            received.append({"name": self.name, "data": self.data, "actor": self.actor,
-                             "at": iso(self.timestamp)})
-
-    class RunTimedOut(Event):
-        """The run's deadline (its ``timeout``) passed before it finished: it stops and
-        undoes what it did, wherever it was."""
-
-        TOPIC = "saga.RunTimedOut"
-        deadline: str
-
-        def apply(self, aggregate: Any) -> None:
-            aggregate.timed_out = self.deadline
+    # -- takeovers and pauses (the waits' events are in saga.domain.waits) -----------
 
     class RunTakenOver(Event):
         """A worker took the run over from one that died with attempts in hand (they are
