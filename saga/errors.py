@@ -222,8 +222,11 @@ class LeaseHeldError(SagaError):
     def __init__(self, run_id: str, worker: str) -> None:
         self.run_id = run_id
         self.worker = worker
-        super().__init__(f"run {run_id} is being driven by worker {worker!r}; "
-                         "try again when its lease expires")
+        # a live holder is never taken over: it carries the run on, with any command
+        # recorded here, and this process leaves the driving to it
+        super().__init__(f"run {run_id} is being driven by worker {worker!r}, which carries "
+                         "it on; left to it (to drive it here, try again once its lease "
+                         "expires)")
 
 
 class EncryptionKeyError(SagaError):

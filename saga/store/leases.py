@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import socket
 import time
 import uuid
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from saga.config import QueueLimit
-from saga.domain import ENDINGS, TOPIC_PREFIX
+from saga.domain import ENDINGS, TOPIC_PREFIX, run_uuid
 from saga.errors import LeaseHeldError, StoreUnavailableError
 from saga.store.side_tables import Database
 
@@ -131,6 +132,19 @@ def claim_first_args(run_ids: Sequence[str], count: int, worker: str, seconds: f
 
 
 _CLAIM = claim_sql()
+#: A run's store key as text (a lowercase UUID), which needs no parsing.
+_KEY = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def lease_key(run_id: str) -> str:
+    """The key of a run's lease: its store key (the UUID its events are stored under),
+    whether the run is named by it or by the name its caller chose (``ORDER-42``). Every
+    process must claim one run under one key: a worker knows runs by their store key, so
+    a command that claimed by name would hold a lease of its own beside the worker's, and
+    two live processes would drive the run at once."""
+    return run_id if _KEY.fullmatch(run_id) else str(run_uuid(run_id))
+
+
 #: The advisory lock class of queue claims in PostgreSQL (the key is the queue's hash).
 QUEUE_LOCK = 0x5A6A
 
@@ -161,7 +175,8 @@ class Leases:
         """Take (or extend) the lease unless another worker holds an unexpired one; the
         lease counts in ``queue`` (None: in none, as a child run's)."""
         now = self.clock()
-        return self.db.execute(_CLAIM, (run_id, worker, now + seconds, queue, now)) == 1
+        return self.db.execute(_CLAIM, (lease_key(run_id), worker, now + seconds, queue,
+                                        now)) == 1
 
     def claim_queued(self, run_id: str, worker: str, seconds: float, queue: str,
                      limit: QueueLimit, *, start: bool) -> Claim:
@@ -171,6 +186,7 @@ class Leases:
         recorded in the last ``per`` seconds; a start is recorded with the claim."""
         now = self.clock()
         db = self.db
+        run_id = lease_key(run_id)
         with db.tx() as cur:
             if db.pg:
                 cur.execute("SELECT pg_advisory_xact_lock(%s, %s)", (QUEUE_LOCK, _key(queue)))
@@ -223,16 +239,17 @@ class Leases:
                     claimed.append(r)
             return claimed, held
 
+        names = {lease_key(r): r for r in run_ids}  # each run as the caller named it
         rows = self.db.query(
             claim_first_sql(versions=versions is not None) +
             "SELECT run_id, NULL AS expires_at FROM t UNION ALL SELECT run_id, expires_at FROM h",
             # at each try: one after an outage counts from then
-            lambda: claim_first_args(run_ids, count, worker, seconds, queues, versions,
+            lambda: claim_first_args(list(names), count, worker, seconds, queues, versions,
                                      self.clock()),
             where="claiming runs")
-        taken = {row["run_id"] for row in rows if row["expires_at"] is None}
+        taken = {names[row["run_id"]] for row in rows if row["expires_at"] is None}
         return ([r for r in run_ids if r in taken],
-                {row["run_id"]: float(row["expires_at"]) for row in rows
+                {names[row["run_id"]]: float(row["expires_at"]) for row in rows
                  if row["expires_at"] is not None})
 
     def holders(self, run_ids: list[str]) -> dict[str, tuple[str, float]]:
@@ -240,10 +257,11 @@ class Leases:
         (none for a run nobody holds)."""
         if not run_ids:
             return {}
-        marks = ", ".join("?" * len(run_ids))
+        keys = {lease_key(r): r for r in run_ids}
+        marks = ", ".join("?" * len(keys))
         rows = self.db.query("SELECT run_id, worker, expires_at FROM saga_leases "
-                             f"WHERE run_id IN ({marks})", run_ids)
-        return {r["run_id"]: (r["worker"], float(r["expires_at"])) for r in rows}
+                             f"WHERE run_id IN ({marks})", list(keys))
+        return {keys[r["run_id"]]: (r["worker"], float(r["expires_at"])) for r in rows}
 
     def held_by_others(self, run_ids: list[str], worker: str) -> dict[str, float]:
         """The expiry (POSIX time) of each unexpired lease of these runs that a worker
@@ -256,7 +274,7 @@ class Leases:
         """Extend a lease this worker holds; False if it was taken over."""
         return self.db.execute(
             "UPDATE saga_leases SET expires_at = ? WHERE run_id = ? AND worker = ?",
-            (self.clock() + seconds, run_id, worker), flush=False) == 1
+            (self.clock() + seconds, lease_key(run_id), worker), flush=False) == 1
 
     def release(self, run_id: str, worker: str) -> None:
         """Give the lease up."""
@@ -267,26 +285,26 @@ class Leases:
         if run_ids:
             self.db.execute(release_sql(count=len(run_ids),
                                         ordered=self.db.pg and len(run_ids) > 1),
-                            (worker, *run_ids), flush=False)
+                            (worker, *map(lease_key, run_ids)), flush=False)
 
     def holder(self, run_id: str) -> tuple[str, float] | None:
         """(worker, expires_at) of the current lease, if any."""
         rows = self.db.query("SELECT worker, expires_at FROM saga_leases WHERE run_id = ?",
-                             (run_id,))
+                             (lease_key(run_id),))
         return (rows[0]["worker"], rows[0]["expires_at"]) if rows else None
 
     def previous(self, run_id: str, worker: str) -> tuple[str, float] | None:
         """The worker ``worker`` took this run's lease from, and that lease's expiry
         (POSIX time), while ``worker`` holds it; None if it was free when taken."""
         rows = self.db.query("SELECT prev_worker, prev_expires FROM saga_leases "
-                             "WHERE run_id = ? AND worker = ?", (run_id, worker))
+                             "WHERE run_id = ? AND worker = ?", (lease_key(run_id), worker))
         if not rows or rows[0]["prev_worker"] is None or rows[0]["prev_expires"] is None:
             return None
         return rows[0]["prev_worker"], float(rows[0]["prev_expires"])
 
     def lease(self, run_id: str, worker: str, seconds: float) -> Lease:
         """A lease handle for the executor."""
-        return Lease(self, run_id, worker, seconds)
+        return Lease(self, lease_key(run_id), worker, seconds)
 
 
 @dataclass(frozen=True)
@@ -400,6 +418,7 @@ def wait_for_lease(leases: Leases, run_id: str, worker: str, seconds: float,
     returned unclaimed, carrying the claim its first append makes. Nothing waits then: a
     run not yet saved has a holder only if another process is starting the same run id,
     and that one's events would conflict anyway."""
+    name, run_id = run_id, lease_key(run_id)  # a run's name: the key a worker claims it by
     if with_first_append and appends:
         now = leases.clock()
         return Lease(leases, run_id, worker, seconds,
@@ -411,7 +430,7 @@ def wait_for_lease(leases: Leases, run_id: str, worker: str, seconds: float,
             break
         if time.monotonic() >= deadline:
             held = leases.holder(run_id)
-            raise LeaseHeldError(run_id, held[0] if held else "unknown")
+            raise LeaseHeldError(name, held[0] if held else "unknown")
         time.sleep(0.1)
     return Lease(leases, run_id, worker, seconds, appends=appends,
                  expires=claimed_at + seconds)

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from saga.store.leases import lease_key
+
 ROOT = Path(__file__).resolve().parents[2]
 
 FLOW = """name: slow
@@ -62,7 +64,7 @@ def calls(cwd: Path) -> list[dict[str, Any]]:
 def lease(cwd: Path, run_id: str) -> tuple[str, float] | None:
     with sqlite3.connect(cwd / ".saga" / "saga.db") as db:
         row = db.execute("SELECT worker, expires_at FROM saga_leases WHERE run_id = ?",
-                         (run_id,)).fetchone()
+                         (lease_key(run_id),)).fetchone()  # a named run's: by its UUID
     return None if row is None else (row[0], row[1])
 
 

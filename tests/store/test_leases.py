@@ -11,8 +11,9 @@ import pytest
 
 from saga.api import Saga
 from saga.config import Settings
+from saga.domain import run_uuid
 from saga.errors import ConcurrentWriteError, LeaseHeldError, RunNotFoundError
-from saga.store.leases import Leases
+from saga.store.leases import Leases, lease_key
 from saga.tools import Registry, Tool, ToolContext
 
 
@@ -158,7 +159,8 @@ def test_the_append_that_ends_a_run_gives_its_lease_up(saga: Saga) -> None:
         saga.run(saga.load({"name": "loses", "steps": [{"id": "a", "tool": "interfere"}]}),
                  run_id="LOSER-1")
     assert saga.get("LOSER-1").status == "paused"
-    assert releases == [["LOSER-1"]] and saga.leases.holder("LOSER-1") is None
+    # a named run's lease is keyed by its UUID, as a worker claims it
+    assert releases == [[lease_key("LOSER-1")]] and saga.leases.holder("LOSER-1") is None
 
 
 def test_a_first_append_whose_lease_is_held_stores_nothing(saga: Saga) -> None:
@@ -241,3 +243,20 @@ def test_workers_claiming_the_same_runs_at_once_never_share_one(pg_settings: Set
     finally:
         for s in sagas:
             s.close()
+
+
+def test_a_run_has_one_lease_whether_named_or_keyed(saga: Saga) -> None:
+    """A run named by its caller is stored (and claimed by workers) under a UUID derived
+    from the name: a claim by either is a claim of the one lease (issue 38: ``saga resume
+    NAME`` once held a lease of its own beside a live worker's)."""
+    key = str(run_uuid("ORDER-42"))
+    assert lease_key("ORDER-42") == key and lease_key(key) == key
+    assert saga.leases.claim(key, "worker", 30)
+    assert not saga.leases.claim("ORDER-42", "resume", 30)  # held: not a second lease
+    assert saga.leases.holder("ORDER-42") == saga.leases.holder(key)
+    assert saga.leases.held_by_others(["ORDER-42"], "resume") == {
+        "ORDER-42": saga.leases.holder(key)[1]}  # type: ignore[index]
+    assert saga.leases.claim_first(["ORDER-42"], 1, "resume", 30) == (
+        [], {"ORDER-42": saga.leases.holder(key)[1]})  # type: ignore[index]
+    saga.leases.release("ORDER-42", "worker")
+    assert saga.leases.holder(key) is None

@@ -12,6 +12,7 @@ import psycopg
 
 from saga.api import Saga
 from saga.config import Settings
+from saga.store.leases import lease_key
 from saga.tools import Registry
 
 FLOW = {"name": "one", "steps": [{"id": "a", "tool": "noop"}]}
@@ -35,6 +36,9 @@ def _columns(settings: Settings, table: str) -> set[str]:
         return {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
 
 
+R0 = lease_key("r0")  # a run's lease is keyed by its store key
+
+
 def test_a_table_an_older_saga_made_gets_the_columns_it_lacks(
         settings: Settings, registry: Registry) -> None:
     old = ("CREATE TABLE saga_leases (run_id TEXT PRIMARY KEY, worker TEXT NOT NULL, "
@@ -43,12 +47,12 @@ def test_a_table_an_older_saga_made_gets_the_columns_it_lacks(
         with _pg(settings) as conn:
             conn.execute(f'CREATE SCHEMA "{settings.schema}"')
             conn.execute(old)
-            conn.execute("INSERT INTO saga_leases VALUES ('r0', 'w', 1.0)")
+            conn.execute("INSERT INTO saga_leases VALUES (%s, 'w', 1.0)", (R0,))
     else:
         settings.home.mkdir(parents=True)
         with sqlite3.connect(settings.home / "saga.db") as conn:
             conn.execute(old)
-            conn.execute("INSERT INTO saga_leases VALUES ('r0', 'w', 1.0)")
+            conn.execute("INSERT INTO saga_leases VALUES (?, 'w', 1.0)", (R0,))
     assert "queue" not in _columns(settings, "saga_leases")
     with Saga(settings, registry=registry) as s:
         assert s.run(s.load(FLOW), {}).status == "completed"
