@@ -200,7 +200,7 @@ def test_saga_run_without_a_database_exits_3_with_one_line(cluster: Cluster, own
     (tmp_path / "slow.json").write_text(json.dumps(slow))
     argv = [sys.executable, "-m", "saga", "run", str(tmp_path / "slow.json"), "--tools",
             "tests.standins.standins", "--id", "SLOW-1"]
-    env = env_for(own, calls, SAGA_RECONNECT_SECONDS="1")
+    env = env_for(own, calls, SAGA_RECONNECT_SECONDS="1", SAGA_LEASE_SECONDS="2")
     with Saga(own, registry=registry) as saga:
         saga.load(slow)  # creates the schema while the server is up
         # Gone in the middle of the run: the store gives up after its budget.
@@ -226,7 +226,11 @@ def test_saga_run_without_a_database_exits_3_with_one_line(cluster: Cluster, own
             assert time.monotonic() - started < 15
         finally:
             cluster.start()
-        # Back: the run a dead `saga run` left is driven to its end by a worker.
+        # Back: the run a dead `saga run` left is driven to its end by a worker, once
+        # the lease it holds (keyed by the run's UUID, as a worker's) has lapsed.
+        key = str(saga.get("SLOW-1").id)
+        wait_for(lambda: (saga.leases.holder(key) or ("", 0.0))[1] < time.time(), 30,
+                 "the dead process's lease to lapse")
         finish(start_worker(own, calls, "--until-idle"))
         final = saga.get("SLOW-1")
         assert final.status == "completed"
