@@ -33,6 +33,7 @@ from saga.errors import (
     ConcurrentWriteError,
     ExpressionError,
     InputError,
+    LeaseHeldError,
     MigrationRefusedError,
     Problem,
     RunIdConflictError,
@@ -43,7 +44,7 @@ from saga.errors import (
 from saga.executor import TOOL_THREADS, EventHook, Executor, ToolThreads, check_tools
 from saga.lazy import lazy
 from saga.projection import Projection, open_projection
-from saga.scheduler import compensation_order, controls, is_loop_parent
+from saga.scheduler import controls, is_loop_parent, undo_order
 from saga.scheduler.policy import QUARANTINE_AFTER
 from saga.store import (
     Database,
@@ -141,7 +142,8 @@ class Saga:
         ``settings.hold_seconds``; its tools run in ``threads``, default :attr:`threads`)."""
         return Executor(self.app, self.registry, worker=worker or self.worker, on_events=on_events,
                         cache=self.cache, undo=self.undo_store, threads=threads or self.threads,
-                        hold=self.settings.hold_seconds if hold is None else hold)
+                        hold=self.settings.hold_seconds if hold is None else hold,
+                        watch_every=self.settings.watch_seconds)
 
     @property
     def schedules(self) -> schedules_.Schedules:
@@ -323,8 +325,18 @@ class Saga:
               wait: float | None = None) -> Run:
         """Drive a run (new or loaded) here until it finishes or waits, holding its lease
         (waiting up to ``wait`` seconds, default one lease length, for another holder)."""
+        try:
+            return self._drive(run, on_events, wait)
+        except LeaseHeldError as e:  # named as its caller knows it, not by its lease's key
+            if e.run_id == run.run_id:
+                raise
+            raise LeaseHeldError(run.run_id, e.worker) from None
+
+    def _drive(self, run: Run, on_events: EventHook | None, wait: float | None) -> Run:
         seconds = self.settings.lease_seconds
-        lease = wait_for_lease(self.leases, run.run_id, self.worker, seconds,
+        # Keyed by the run's UUID, as workers claim it (they follow the log by it): keyed
+        # by the name its caller chose, a worker and this process could both drive it.
+        lease = wait_for_lease(self.leases, str(run.id), self.worker, seconds,
                                seconds if wait is None else wait, run.queue,
                                with_first_append=run.version == len(run.pending_events),
                                appends=self.app.claims_with_append())
@@ -393,7 +405,7 @@ class Saga:
 
         def record(run: Run) -> None:
             _refuse(run, "cancel" if cancel else "compensate")
-            order = compensation_order(plan_of(run), run)
+            order = undo_order(plan_of(run), run)
             run.start_compensation(f"{reason} (by {who})", order, who, cancel)
         return self._command(run_id, record, on_events) if drive else \
             self._append(run_id, record)

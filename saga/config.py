@@ -94,6 +94,9 @@ class Settings:
     #: The longest wait ``saga run`` (driving in process) waits out; a longer one returns
     #: the run ``waiting`` for a worker.
     hold_seconds: float = 60.0
+    #: How often a drive with calls in flight looks for commands other processes recorded
+    #: on its run (a pause, a cancel): how soon a cancel cuts a running call short.
+    watch_seconds: float = 1.0
     audit_key: str | None = field(default=None, repr=False)
     #: Fernet key(s), comma-separated (the first encrypts), for the undo store
     #: (``SAGA_UNDO_KEY``); without one, undo state is kept there in plain text.
@@ -260,6 +263,8 @@ def load_settings(env: Mapping[str, str] | None = None, cwd: Path | None = None,
             quarantine_after=int(env.get("SAGA_QUARANTINE_AFTER")
                                  or data.get("quarantine_after", 3)),
             hold_seconds=float(env.get("SAGA_HOLD_SECONDS") or data.get("hold_seconds", 60)),
+            watch_seconds=float(env.get("SAGA_WATCH_SECONDS")
+                                or data.get("watch_seconds", 1)),
             reconnect_seconds=float(env.get("SAGA_RECONNECT_SECONDS")
                                     or data.get("reconnect_seconds", 30)),
             audit_key=env.get("SAGA_AUDIT_KEY") or None,
@@ -283,6 +288,9 @@ def load_settings(env: Mapping[str, str] | None = None, cwd: Path | None = None,
     if overrides:
         settings = Settings(**{**settings.__dict__, **{k: v for k, v in overrides.items()
                                                          if v is not None}})
+    if not settings.watch_seconds > 0:
+        raise ConfigError(f"SAGA_WATCH_SECONDS must be a positive number of seconds, not "
+                          f"{settings.watch_seconds!r}")
     if settings.pg_recorder not in ("xid", "library"):
         raise ConfigError(f"SAGA_PG_RECORDER must be xid or library, not {settings.pg_recorder!r}")
     if settings.pg_commit not in ("wait", "no-wait"):

@@ -22,7 +22,7 @@ from saga.views import run_summary
 
 _STATUS_STYLE = {"completed": "green", "running": "cyan", "failed": "red", "skipped": "dim",
                  "compensated": "magenta", "compensating": "magenta", "waiting": "yellow",
-                 "pending": "dim", "cancelled": "red"}
+                 "pending": "dim", "cancelled": "red", "paused": "yellow"}
 
 
 def _duration(ms: float | None) -> str:
@@ -120,9 +120,11 @@ def _escape(text: Any) -> str:
 def _summary_parts(summary: dict[str, Any]) -> tuple[list[Any], list[tuple[str, ...]]]:
     """What a summary shows, in order: lines of rich markup, with the table's place marked
     by None; and the table's rows (step, status markup, attempts, ms, detail)."""
-    style = _STATUS_STYLE.get(summary["status"], "")
+    status = summary["status"]
+    style = _STATUS_STYLE.get(status, "")
     lines: list[Any] = [f"run {_escape(summary['run_id'])} ({_escape(summary['name'])}): "
-                        f"[{style}]{summary['status']}[/]", None]
+                        + (f"[{style}]{_escape(status)}[/]" if style else _escape(status)),
+                        None]
     rows: list[tuple[str, ...]] = []
     for key, s in summary.get("steps", {}).items():
         detail = (s.get("error") or {}).get("message") or s.get("reason") or ""
@@ -157,6 +159,9 @@ def _summary_parts(summary: dict[str, Any]) -> tuple[list[Any], list[tuple[str, 
     for child in summary.get("children", []):
         lines.append(_escape(f"  └ step {child['step']}: child run {child['run_id']} "
                              f"({child['name']}): {child['status']}"))
+    if status == "paused":
+        lines.append(_escape(f"paused: no new step starts; go on with: saga unpause "
+                             f"{summary['run_id']}"))
     if summary.get("waiting_for"):
         for step in summary["waiting_for"]:
             lines.append(_escape(f"waiting: saga approve {summary['run_id']} {step}"))

@@ -65,8 +65,8 @@ Choices where seed 004 is silent (each is tested in tests/composition/test_graph
   Failed and compensated runs report each node's latest output.
 * **Extensions**: ``task_config.compensate`` and ``task_config.retry`` (as in the
   step-list form: a task that says nothing about ``compensate`` is undone by its role's
-  own compensation, when the tool has one). ``worktree_id`` is passed to the role's tool and its gates;
-  ``ui_metadata``, ``label`` and ``description`` are for people and editors.
+  own compensation, when the tool has one). ``worktree_id`` is passed to the role's tool
+  and its gates; ``ui_metadata``, ``label`` and ``description`` are for people and editors.
 
 The language is :mod:`.graph_model`, its checks :mod:`.graph_checks`; this module
 compiles; the readiness rules that carry these choices out are :mod:`saga.scheduler.graph`.

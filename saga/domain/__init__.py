@@ -4,6 +4,7 @@ stage speaks about runs (:mod:`~saga.domain.vocabulary`)."""
 from saga.domain import revisions, waits  # attach their events to Run
 from saga.domain.run import Run
 from saga.domain.vocabulary import (
+    COMMANDS,
     DECISIONS,
     DEFAULT_QUEUE,
     ENDINGS,
@@ -35,6 +36,7 @@ from saga.domain.vocabulary import (
 )
 
 __all__ = [
+    "COMMANDS",
     "DECISIONS",
     "DEFAULT_QUEUE",
     "ENDINGS",

@@ -46,6 +46,10 @@ ENDINGS: dict[str, RunStatus] = {"RunCompleted": "completed", "RunFailed": "fail
 
 
 DECISIONS = frozenset({"ApprovalGranted", "ApprovalRejected"})
+#: The events another process may record on a run while its driver holds it: commands
+#: (a rollback only when requested). The driver takes them in (saga.executor.incoming);
+#: anything else recorded there meanwhile is a second driver's, turned away by the fence.
+COMMANDS = DECISIONS | {"RunPaused", "RunUnpaused", "SignalReceived", "CompensationStarted"}
 #: Events after which a waiting run may be waiting no longer.
 RESOLVING = DECISIONS | {"StepCompleted", "StepFailed", "StepSkipped"}
 

@@ -7,7 +7,8 @@ recorded as started (promise 1: ``StepStarted`` is durable before a tool runs). 
 clock and ``sleep`` are injected so tests can replace them; retry jitter comes from
 tenacity's wait strategies and is recorded as the retry's due time, so replay never
 needs it again. :mod:`~saga.executor.drive` is one drive of one run;
-:mod:`~saga.executor.nesting` runs nested compositions as child runs.
+:mod:`~saga.executor.nesting` runs nested compositions as child runs;
+:mod:`~saga.executor.incoming` takes in what other processes command meanwhile.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from saga.composition import Plan, load_child, plan_of, tree_tools
 from saga.domain import Run, StepState
 from saga.errors import RunNotFoundError, SagaError, ToolsMissingError
 from saga.executor.drive import Drive, EventHook, LeaseLike
+from saga.executor.incoming import WATCH_EVERY
 from saga.store.application import SagaApplication
 from saga.store.cache import ToolCache
 from saga.store.group_commit import GroupCommit
@@ -165,12 +167,16 @@ class Executor:
                  sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
                  on_events: EventHook | None = None, max_threads: int = TOOL_THREADS,
                  cache: ToolCache | None = None, hold: float = 60.0,
-                 undo: UndoStore | None = None, threads: ToolThreads | None = None) -> None:
+                 undo: UndoStore | None = None, threads: ToolThreads | None = None,
+                 watch_every: float = WATCH_EVERY) -> None:
         """``hold``: the longest wait (a retry's backoff, a sleep, a signal's timeout) a
         drive waits out in this process; a longer one ends the drive, and a worker picks
         the run up again when it is due. ``undo``: where tools' undo state is kept (by
         default opened on the store's database when first needed). ``threads``: shared
-        tool threads (by default, up to ``max_threads`` of its own, stopped on close)."""
+        tool threads (by default, up to ``max_threads`` of its own, stopped on close).
+        ``watch_every``: how often (seconds) a drive with calls in flight looks for
+        commands other processes recorded on its run, a pause or a cancel (see
+        :mod:`~saga.executor.incoming`)."""
         self.app = app
         self.hold = hold
         self.sleep = sleep
@@ -187,6 +193,7 @@ class Executor:
         #: Set by a worker, and set when it stops: its drives finish the calls they have
         #: in flight, record them, start nothing new and end (see :class:`Drive`).
         self.stopping: asyncio.Event | None = None
+        self.watch_every = watch_every
         self._own_threads = threads is None
         self.threads = ToolThreads(max_threads) if threads is None else threads
         self._pool = self.threads.pool

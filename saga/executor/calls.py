@@ -6,11 +6,13 @@ end."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -46,6 +48,7 @@ class Wakeup:
 
     def __init__(self) -> None:
         self._waiting: asyncio.Future[None] | None = None
+        self._poked = False
 
     def watch(self, task: _Task) -> _Task:
         """Wake :meth:`first_done` when ``task`` ends; the task."""
@@ -61,9 +64,19 @@ class Wakeup:
         if self._waiting is not None and not self._waiting.done():
             self._waiting.set_result(None)
 
+    def poke(self) -> None:
+        """End the wait of :meth:`first_done` (now, or the next one) with nothing done:
+        the drive has news of another kind (see saga.executor.incoming)."""
+        self._poked = True
+        self.wake()
+
     async def first_done(self, tasks: list[asyncio.Future[Any]]) -> list[asyncio.Future[Any]]:
-        """Those of ``tasks`` (each watched) that have ended, once one has."""
+        """Those of ``tasks`` (each watched) that have ended, once one has (none when
+        :meth:`poke` ended the wait)."""
         while not (done := [task for task in tasks if task.done()]):
+            if self._poked:
+                self._poked = False
+                break
             self._waiting = asyncio.get_running_loop().create_future()
             await self._waiting
         return done
@@ -73,7 +86,7 @@ class Wakeup:
 class Outcome:
     """What happened when the executor performed one call."""
 
-    kind: str  # "step", "compensation" or "timer"
+    kind: str  # "step", "compensation", "remedy", "timer", "wake", "child" or "cut"
     step_id: str
     iteration: int
     attempt: int
@@ -172,6 +185,12 @@ def outcome_of(task: asyncio.Task[Outcome], kind: str, step_id: str, iteration: 
     except Exception as e:
         return Outcome(kind, step_id, iteration, number, ok=False, error_type=type(e).__name__,
                        message=f"unexpected error: {e}", retryable=False)
+
+
+async def returned(thread: Future[Any]) -> None:
+    """Wait until a call in a tool thread has returned (or raised)."""
+    with contextlib.suppress(Exception):
+        await asyncio.wrap_future(thread)
 
 
 def ms_between_iso(start: str | None, end: datetime) -> int:

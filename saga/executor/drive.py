@@ -12,6 +12,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Coroutine
+from concurrent.futures import Future
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
@@ -21,8 +22,8 @@ from saga.composition import Plan
 from saga.composition.definition import Step
 from saga.domain import Run, StepState, step_key
 from saga.domain.revisions import key_of
-from saga.errors import LeaseLostError, ToolError
-from saga.executor import calls, nesting, outputs
+from saga.errors import ConcurrentWriteError, LeaseLostError, ToolError
+from saga.executor import calls, incoming, nesting, outputs
 from saga.executor.calls import Outcome
 from saga.executor.waits import abandon_wait, wait_length
 from saga.scheduler import CompensateStep, Recorded, RequestApproval, RunRemedy, StartStep
@@ -80,7 +81,12 @@ class Drive:
     there with whoever claims it next, and no step is called twice. A drive cancelled
     instead (a second signal, Ctrl-C) keeps its run's lease while calls it gave up on
     still run in their threads: until they return, no other worker may call those
-    steps again. A child run's drive is part of its parent's step, and runs on."""
+    steps again. A child run's drive is part of its parent's step, and runs on.
+
+    Commands other processes record meanwhile are taken in (:mod:`~.incoming`): paused,
+    the drive lets its calls finish, records them, starts nothing new and ends; cancelled
+    (or told to compensate), it cuts its calls short, records each failed
+    (``RunCancelled``, ``RunCompensating``) and undoes the run."""
 
     def __init__(self, executor: Executor, run: Run, plan: Plan,
                  lease: LeaseLike | None) -> None:
@@ -98,6 +104,19 @@ class Drive:
         self.nests = any(step.use is not None for step in plan.definition.steps)
         self.wakeup = calls.Wakeup()  # the loop's wait for its tasks
         self.alive: asyncio.Task[None] | None = None  # a suspect's renewal after a call
+        #: The run's version as of its last append (or load), and what this drive has
+        #: recorded since that only it knows (calls' outcomes, attempts it cut short):
+        #: recorded again should the next append conflict with a command (see incoming).
+        self.saved = run.version - len(run.pending_events)
+        self.unsaved: list[Outcome] = []
+        #: Whether its run is watched for commands while calls are in flight (a drive
+        #: holding a lease), and whether some were found (see incoming.Watcher).
+        self.watched = False
+        self.news = False
+        #: The tool threads of attempts cut short that were still running, by step key:
+        #: a compensation of such a step waits for its thread (the undo follows the deed).
+        self.abandoned: dict[str, Future[Any]] = {}
+        self.in_threads: dict[asyncio.Task[Any] | None, Future[Any]] = {}
         #: Set when the drive is to drain (see the class docs); a child run's has none.
         self.stopping = executor.stopping if lease is not None else None
 
@@ -112,6 +131,7 @@ class Drive:
             except BaseException as e:
                 span.end(_CUT_SHORT.get(type(e).__name__, "error"), type(e).__name__, str(e))
                 raise
+        run = self.run  # the run as stored, should a command have been taken in
         span.end(run.status, (run.error or {}).get("type") if run.is_finished else None,
                  (run.error or {}).get("message", ""))
         return run
@@ -142,6 +162,8 @@ class Drive:
             for task in [*self.tasks, keeper, stop, self.alive]:
                 if task is not None:
                     task.cancel()
+            if self.watched:
+                incoming.unwatch(self)
             if keeper is not None and keeper.done() and not keeper.cancelled():
                 # A renewal that lost the race with the append giving the lease up: the
                 # run is over, and asyncio would log its error as never retrieved.
@@ -155,13 +177,18 @@ class Drive:
             if self.nests:  # nothing outlives its parent: ended before its end is durable
                 await nesting.end_children(self.x, self.plan, self.run, self.children,
                                            [i for i in self.tasks.values() if i[0] == "step"])
-            await self._save()
+            try:
+                await self._save()
+            except ConcurrentWriteError:
+                if await incoming.rebase(self, launches):
+                    continue  # decided again, on the run as stored
+                raise
             if launches and self.lease is not None \
                     and not self.lease.fresh(self.lease.renew_every):
                 await self._fence()  # a start recorded, never called: interrupted
             for launch in launches:
                 self._launch(*launch)
-            if draining:
+            if draining or self.run.paused:
                 self._let_waits_go()
             if self.run.is_finished or not self.tasks:
                 return self.run
@@ -170,12 +197,19 @@ class Drive:
                 waiting.append(keeper)
             if stop is not None and not draining:
                 waiting.append(stop)
+            if not self.watched and self.lease is not None:  # others' commands meanwhile
+                incoming.watch(self)
+                self.watched = True
             done = await self.wakeup.first_done(waiting)
             if keeper is not None and keeper in done:
                 keeper.result()  # raises LeaseLostError
+            if self.news:
+                await incoming.catch_up(self)  # before this turn records anything
             for task in done:
                 if task in self.tasks:
-                    self._record(calls.outcome_of(task, *self.tasks.pop(task)))
+                    outcome = calls.outcome_of(task, *self.tasks.pop(task))
+                    self.unsaved.append(outcome)
+                    self._record(outcome)
 
     def _let_waits_go(self) -> None:
         """Draining: end the in-process waits (a timer before a retry, a wake for a due
@@ -352,13 +386,21 @@ class Drive:
                                    state["parameters"]))]
 
     def _cut_short(self, error_type: str, message: str) -> None:
-        """Cancel the attempts in flight and record each as failed for good."""
+        """Cancel the attempts in flight and record each as failed for good (one that has
+        just ended is recorded as it ended). A tool in a thread cannot be stopped: it runs
+        on, and what it returns is dropped."""
         for task, (kind, step_id, iteration, number) in list(self.tasks.items()):
-            if kind != "step":
+            if kind != "step" or task.done():
                 continue
             task.cancel()
             self.tasks.pop(task)
-            self.run.fail_step(step_id, iteration, number, error_type, message)
+            thread = self.in_threads.get(task)
+            if thread is not None and not thread.done():
+                self.abandoned[step_key(step_id, iteration)] = thread
+            cut = Outcome("cut", step_id, iteration, number, ok=False, error_type=error_type,
+                          message=message, retryable=False)
+            self.unsaved.append(cut)
+            self._record(cut)
         for key, wait in self.run.waits.items():  # a sleep or a signal wait is in flight too
             if not wait.get("child"):
                 abandon_wait(self.run, self.run.steps[key])
@@ -404,6 +446,9 @@ class Drive:
             wait = run.steps[key].get("wait") or {}
             if (wait.get("child"), wait.get("until")) != (child.run_id, child.until):
                 run.wait(outcome.step_id, outcome.iteration, child.until, None, child.run_id)
+        elif outcome.kind == "cut":  # an attempt cut short: failed for good, not healed
+            run.fail_step(outcome.step_id, outcome.iteration, outcome.attempt,
+                          outcome.error_type, outcome.message)
         elif outcome.kind == "compensation":
             self.compensating.discard(f"{outcome.step_id}:{outcome.iteration}")
             if outcome.ok:
@@ -445,6 +490,7 @@ class Drive:
     async def _save(self) -> None:
         pending = list(self.run.pending_events)
         if not pending:
+            self.unsaved.clear()  # what it recorded changed only the drive's own marks
             return
         # The append that ends the run may give its lease up too (a run's first append,
         # still to claim it, never does: ending() is None then).
@@ -459,6 +505,8 @@ class Drive:
         else:  # a new run's first append may claim its lease
             self.x.app.save_run(self.run, lease.take_claim(), ending)
             released = ending is not None
+        self.saved = self.run.version
+        self.unsaved.clear()
         if released and lease is not None:
             lease.ended()
         metrics.recorded(self.run.name, pending, self._tool)
@@ -588,6 +636,9 @@ class Drive:
         timeout = compensation.timeout_ms / 1000 if compensation.timeout_ms else None
         started = time.monotonic()
         call = StartStep(action.step_id, action.iteration, 1, action.parameters)
+        thread = self.abandoned.pop(step_key(action.step_id, action.iteration), None)
+        if thread is not None:  # its attempt was cut short, but may still act: after it
+            await calls.returned(thread)
         try:
             recorded = self.run.steps[step_key(action.step_id, action.iteration)]["output"]
             if action.tool is None and step.use is not None:
@@ -664,6 +715,12 @@ class Drive:
     async def _in_thread(self, func: Callable[..., Any], *args: Any) -> Any:
         # The thread sees this task's scope (logs, span).
         call = functools.partial(contextvars.copy_context().run, func, *args)
-        return await asyncio.wrap_future(self.x.submit(call))
+        thread = self.x.submit(call)
+        task = asyncio.current_task()
+        self.in_threads[task] = thread  # what a cut short leaves running (see _cut_short)
+        try:
+            return await asyncio.wrap_future(thread)
+        finally:
+            self.in_threads.pop(task, None)
 
 

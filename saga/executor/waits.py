@@ -1,5 +1,6 @@
 """How a step's wait (a ``sleep``, or a wait for a ``signal``) ends, as a drive records it:
-due (its own length), or abandoned because its run stops having it."""
+due (its own length), or abandoned because its run stops having it; and why a run cuts
+what it has in flight short (:func:`ending_cause`)."""
 
 from __future__ import annotations
 
@@ -20,12 +21,16 @@ def wait_length(state: StepState, wait: dict[str, Any]) -> int:
 def abandon_wait(run: Run, state: StepState) -> None:
     """End the wait of a run that timed out or compensates (a cancel) as a failed attempt,
     never a step left running after its run ended."""
+    run.fail_step(state["step_id"], state["iteration"], state["attempt"], *ending_cause(run))
+
+
+def ending_cause(run: Run) -> tuple[str, str]:
+    """Why a run that timed out or compensates (a cancel) cuts short what it has in flight,
+    a wait or a call: the error type and message each such attempt fails with."""
     comp = run.compensation
     if run.timed_out:
-        kind, message = "RunTimeout", f"the run's deadline {run.timed_out} passed"
-    elif comp is not None and comp.get("cancel"):
-        kind, message = "RunCancelled", f"the run was cancelled: {comp['reason']}"
-    else:
-        kind = "RunCompensating"
-        message = f"the run compensates: {comp['reason'] if comp is not None else ''}"
-    run.fail_step(state["step_id"], state["iteration"], state["attempt"], kind, message)
+        return "RunTimeout", f"the run's deadline {run.timed_out} passed"
+    if comp is not None and comp.get("cancel"):
+        return "RunCancelled", f"the run was cancelled: {comp['reason']}"
+    return "RunCompensating", \
+        f"the run compensates: {comp['reason'] if comp is not None else ''}"

@@ -40,6 +40,7 @@ from saga.scheduler.policy import (
     namespace,
     retry_decision,
     retry_pending,
+    undo_order,
 )
 from saga.scheduler.step_list import confirmation_message, confirmation_timeout, layer_report
 
@@ -56,7 +57,7 @@ __all__ = [
     "compensation_order", "confirmation_message", "confirmation_timeout", "decide",
     "heal_decision", "interrupted",
     "is_loop_parent", "layer_report", "max_attempts", "namespace", "nothing_follows",
-    "retry_decision", "retry_pending",
+    "retry_decision", "retry_pending", "undo_order",
 ]
 
 

@@ -108,6 +108,17 @@ def heal_decision(plan: Plan, run: Run, step_id: str, iteration: int, error_type
     return None
 
 
+def undo_order(plan: Plan, run: Run) -> list[str]:
+    """What a rollback someone requests (a cancel, ``saga compensate``) undoes, in order:
+    first the attempts in flight of steps with an undo, the latest first (their driver
+    cuts them short, or records how they ended; either way they may have acted), then
+    :func:`compensation_order`."""
+    flying = [key for key, s in run.unsettled.items() if s["status"] == "running"
+              and not s.get("wait") and not is_loop_parent(plan, s)
+              and plan.step(s["step_id"]).compensation is not None]
+    return [*reversed(flying), *compensation_order(plan, run)]
+
+
 def compensation_order(plan: Plan, run: Run) -> list[str]:
     """The steps to undo, in order: first those whose interrupted attempt may have acted
     (:func:`maybe_done`), then completed steps (each completed loop iteration on its
@@ -133,6 +144,20 @@ def maybe_done(plan: Plan, state: StepState | dict[str, Any]) -> bool:
     return state["status"] == "failed" and (state.get("error") or {}).get("type") \
         in CUT_SHORT and not is_loop_parent(plan, state) \
         and plan.step(state["step_id"]).compensation is not None
+
+
+#: The failures of an attempt a cancel (or a requested compensation) cut short while it
+#: ran (or, for a sleep or a signal wait, while it waited).
+CANCELLED = frozenset({"RunCancelled", "RunCompensating"})
+
+
+def cut_call(plan: Plan, state: StepState | dict[str, Any]) -> bool:
+    """A failed attempt whose call may have acted though it never answered: its worker
+    died (``Interrupted``), or a cancel stopped its tool (a tool in a thread runs on; a
+    wait ended the same way acted on nothing, and a child run is undone on its own)."""
+    kind = (state.get("error") or {}).get("type")
+    return state["status"] == "failed" and (kind == "Interrupted" or (
+        kind in CANCELLED and plan.step(state["step_id"]).tool is not None))
 
 
 def interrupted(plan: Plan, run: Run) -> list[FailStep]:
@@ -298,14 +323,13 @@ def compensation_ending(run: Run, failed: str | None,
 def not_undone(plan: Plan, run: Run) -> list[str]:
     """Once a rollback has begun, or a run ended failed or cancelled without one: the step
     executions that may have acted and are not (or not yet) undone, in completion order,
-    then those cut short by a worker's death: no compensation of their own, one that
-    failed, or no rollback at all. Compute, sleep and signal steps act on nothing and are
-    never named (promise 5: what cannot be undone is named)."""
+    then those cut short (a worker's death, a cancel): no compensation of their own, one
+    that failed, or no rollback at all. Compute, sleep and signal steps act on nothing and
+    are never named (promise 5: what cannot be undone is named)."""
     comp = run.compensation or {"done": {}}
     if run.compensation is None and run.status not in ("failed", "cancelled"):
         return []
-    interrupted_ = [k for k, s in run.steps.items() if s["status"] == "failed"
-                    and (s.get("error") or {}).get("type") == "Interrupted"]
+    interrupted_ = [k for k, s in run.steps.items() if cut_call(plan, s)]
     left: list[str] = []
     for key in dict.fromkeys([*run.completion_order, *interrupted_]):
         state = run.steps.get(key)

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from saga.cli import render
+from saga.domain import RUN_STATUSES
 
 STEPS = {
     "reserve": {"status": "completed", "attempt": 1, "duration_ms": 12},
@@ -34,6 +35,7 @@ PLAIN = [
     summary(status="waiting", waiting_for=["ask"], outputs=None),
     summary(outputs={"_layers": {"degraded": True}}),
     summary(status="compensated", outputs={"x": "a b"}),
+    summary(status="paused", outputs=None),
 ]
 #: Text rich reads as markup or emoji, or that is not plain ASCII: printed by rich.
 RICH = [
@@ -113,3 +115,26 @@ def test_text_from_a_run_prints_as_written(capsys: pytest.CaptureFixture[str],
     out = printed(capsys, data)
     assert f"({text}): failed" in out and f"error: {text}" in out
     assert out.count(text) >= 4, out
+
+
+@pytest.mark.parametrize("status", RUN_STATUSES)
+@pytest.mark.parametrize("through_rich", [False, True])
+def test_every_run_status_prints(capsys: pytest.CaptureFixture[str],
+                                 monkeypatch: pytest.MonkeyPatch, status: str,
+                                 through_rich: bool) -> None:
+    """A status the summary has no colour for printed ``[]paused[/]``, which rich refused
+    (MarkupError: saga status of a paused run failed)."""
+    monkeypatch.setenv("COLUMNS", "200")
+    if through_rich:
+        monkeypatch.setattr(render, "_plain_text", lambda *_: None)
+    out = printed(capsys, summary(status=status, outputs=None))
+    assert out.startswith(f"run ORDER-42 (order): {status}\n")
+
+
+def test_a_paused_run_says_how_to_go_on(capsys: pytest.CaptureFixture[str],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    out = printed(capsys, summary(status="paused", outputs=None, steps={
+        "slow": {"status": "completed", "attempt": 1, "duration_ms": 1500}}))
+    assert "paused: no new step starts; go on with: saga unpause ORDER-42" in out
+    assert printed(capsys, summary(status="running")).count("unpause") == 0

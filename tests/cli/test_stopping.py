@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from saga.domain import run_uuid
 from saga.store.leases import lease_key
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -160,11 +161,12 @@ def test_ctrl_c_on_saga_run_keeps_the_lease_until_the_call_returns(tmp_path: Pat
     wait_until_step_runs(tmp_path, "R-1", run)
     run.send_signal(signal.SIGINT)
     held: list[tuple[str, float] | None] = []
+    key = str(run_uuid("R-1"))  # a run's lease is keyed by its UUID, as workers claim it
     while run.poll() is None:
-        held.append(lease(tmp_path, "R-1"))
+        held.append(lease(tmp_path, key))
         time.sleep(0.1)
     assert calls(tmp_path), "saga run exited before its call returned"
     kept = until_released(held)
     assert len(kept) > 10
     assert kept[-1][1] > kept[0][1] + 1
-    assert lease(tmp_path, "R-1") is None
+    assert lease(tmp_path, key) is None

@@ -19,7 +19,8 @@ Each violation names its invariant, and the known break it looks like when it do
 - **undo-exact** — when a run compensates, its ``CompensationStarted`` names exactly the
   completed steps that can be undone (a ``compensate``, the tool's own undo, a child,
   a written file, loop iterations), in reverse completion order (plus, at most, an
-  interrupted attempt, which may have acted); each is recorded once, in that order, and
+  interrupted attempt, and the attempts in flight when someone asked for the rollback,
+  which may have acted); each is recorded once, in that order, and
   the ledger's undos happened in that order; every other completed step is still
   ``completed`` in ``saga status`` (named not undone); a written file exists exactly when
   its step completed and was not undone. (Promise 5; breaks 3, 6.)
@@ -203,7 +204,8 @@ def _hint(trace: Trace) -> str:
     if ops & {"kill", "churn"}:
         said.append("break 6: worker churn")
     if "cancel" in ops:
-        said.append("new: saga cancel took the run over from its live worker")
+        said.append("break 8c: a cancel waited for the call in flight, or took the run "
+                    "over from its live worker")
     if "resume" in ops:
         said.append("saga resume drove the run beside a live worker")
     return f" ({'; or '.join(said)})" if said else " (a new break)"
@@ -225,6 +227,23 @@ def _child_undoable(key: str) -> bool:
     return not key.endswith("_wait") and not key.endswith("_bad")
 
 
+def _in_flight(h: list[dict[str, Any]], start: dict[str, Any]) -> set[str]:
+    """The attempts of calls in flight when someone asked for the rollback ``start`` (a
+    cancel, ``saga compensate``): it names them first, as they may act (their driver cuts
+    them short, or records how they ended)."""
+    flying: set[str] = set()
+    if not start["payload"].get("requested"):
+        return flying
+    for e in h:
+        if e is start:
+            break
+        if e["type"] == "StepStarted":
+            flying.add(_key(e))
+        elif e["type"] in ("StepCompleted", "StepFailed", "StepSkipped", "StepWaiting"):
+            flying.discard(_key(e))
+    return flying
+
+
 def _undo_exact(run_id: str, h: list[dict[str, Any]], status: dict[str, Any],
                 ledger: list[dict[str, Any]], undoable: Any, trace: Trace) -> list[str]:
     bad = []
@@ -239,6 +258,7 @@ def _undo_exact(run_id: str, h: list[dict[str, Any]], status: dict[str, Any],
             break
     interrupted = {_key(e) for e in h if e["type"] == "StepFailed"
                    and e["payload"].get("error_type") == "Interrupted"}
+    interrupted |= _in_flight(h, starts[0])
     named = starts[0]["payload"]["steps"]
     want = [k for k in reversed(order) if undoable(k)]
     # an attempt cut short by a worker's death may have acted: if its tool was called

@@ -451,7 +451,7 @@ TARGETED: dict[str, dict[str, Any]] = {
                     {"id": "s8", "kind": "use", "child_steps": 2, "child_sleep": 0.5,
                      "child_fails": False}, _a("s9", slow=0.2)],
                    [[0.3, "churn"], [2.0, "churn"], [4.0, "churn"]], 106, workers=2),
-    # a new break: a cancel while a call is in flight in a live worker
+    # break 8c: a cancel while a call is in flight in a live worker
     "cancel_in_flight": _case([_a("s0"), _a("s1", slow=1.0)], [[0.5, "cancel"]], 108),
     # a new break: saga resume beside the live worker, during a step's retries
     "resume_beside_worker": _case([_a("s0", undo="none", retries=2, fail_times=2, slow=0.3)],

@@ -341,7 +341,7 @@ def test_a_saga_run_killed_after_its_first_append_is_taken_over_when_its_lease_e
     with Saga(settings, registry=registry) as saga:
         run = saga.get("KILLED-1")
         assert [e["type"] for e in saga.history("KILLED-1")] == ["RunStarted", "StepStarted"]
-        held = saga.leases.holder(run.run_id)
+        held = saga.leases.holder(str(run.id))
         assert held is not None  # claimed with the first append, by the process now dead
         recover(saga)
         final = saga.get("KILLED-1")

@@ -7,6 +7,7 @@ side effects.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
@@ -140,6 +141,26 @@ def block(params: dict, ctx: ToolContext) -> dict:
     time.sleep(float(params.get("seconds", 0.2)))
     record("block", params, ctx, start=start, end=time.monotonic(),
            thread=threading.get_ident())
+    return {"step": ctx.step_id}
+
+
+@tool("linger")
+def linger(params: dict, ctx: ToolContext) -> dict:
+    """Records that it began, sleeps in a thread (where nothing can stop it), then
+    records that it returned."""
+    record("linger", params, ctx, phase="began")
+    time.sleep(float(params.get("seconds", 0.2)))
+    record("linger", params, ctx, phase="returned")
+    return {"step": ctx.step_id}
+
+
+@tool("linger_async")
+async def linger_async(params: dict, ctx: ToolContext) -> dict:
+    """Records that it began, sleeps on the event loop (cancellable), then records that
+    it returned."""
+    record("linger_async", params, ctx, phase="began")
+    await asyncio.sleep(float(params.get("seconds", 0.2)))
+    record("linger_async", params, ctx, phase="returned")
     return {"step": ctx.step_id}
 
 

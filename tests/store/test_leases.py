@@ -151,14 +151,19 @@ def test_the_append_that_ends_a_run_gives_its_lease_up(saga: Saga) -> None:
     releases.clear()
 
     def interfere(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-        """Another writer appends while the last step runs: the ending append conflicts."""
-        saga.pause(ctx.run_id, actor="someone")
+        """A second driver appends while the last step runs: the ending append conflicts
+        (a command, such as a pause, would be taken in instead: tests/executor/
+        test_incoming.py)."""
+        second = saga.get(ctx.run_id)
+        second.take_over("a second driver")
+        saga.app.save_run(second)
         return {}
     saga.registry.add(Tool("interfere", interfere))
     with pytest.raises(ConcurrentWriteError):
         saga.run(saga.load({"name": "loses", "steps": [{"id": "a", "tool": "interfere"}]}),
                  run_id="LOSER-1")
-    assert saga.get("LOSER-1").status == "paused"
+    loser = saga.get("LOSER-1")
+    assert not loser.is_finished
     # a named run's lease is keyed by its UUID, as a worker claims it
     assert releases == [[lease_key("LOSER-1")]] and saga.leases.holder("LOSER-1") is None
 
@@ -166,14 +171,15 @@ def test_the_append_that_ends_a_run_gives_its_lease_up(saga: Saga) -> None:
 def test_a_first_append_whose_lease_is_held_stores_nothing(saga: Saga) -> None:
     """Another process holds the lease of a run id not yet saved (it is starting the same
     run): the first append neither claims nor stores, and says who holds it."""
-    assert saga.leases.claim("ORDER-9", "someone-else", 30)
+    key = str(run_uuid("ORDER-9"))  # a lease is keyed by the run's UUID, as workers claim
+    assert saga.leases.claim(key, "someone-else", 30)
     plan = saga.load({"name": "held", "steps": [{"id": "a", "tool": "noop"}]})
     run = saga.start(plan, {}, run_id="ORDER-9")
-    with pytest.raises(LeaseHeldError, match="someone-else"):
+    with pytest.raises(LeaseHeldError, match=r"run ORDER-9 .* 'someone-else'"):
         saga.drive(run, wait=0.2)
     with pytest.raises(RunNotFoundError):
         saga.get("ORDER-9")
-    assert saga.leases.holder("ORDER-9")[0] == "someone-else"  # type: ignore[index]
+    assert saga.leases.holder(key)[0] == "someone-else"  # type: ignore[index]
 
 
 def test_a_release_locks_its_rows_in_the_order_claims_do(pg_settings: Settings,
