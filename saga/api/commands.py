@@ -4,6 +4,7 @@ event, reloading on a concurrent write, and some then drive the run."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,7 +13,12 @@ from saga.chain import json_safe
 from saga.composition import Plan, plan_of
 from saga.config import Settings
 from saga.domain import Run, check_signal_name
-from saga.errors import ConcurrentWriteError, MigrationRefusedError, RunStateError
+from saga.errors import (
+    ConcurrentWriteError,
+    LeaseHeldError,
+    MigrationRefusedError,
+    RunStateError,
+)
 from saga.executor import EventHook, check_tools
 from saga.lazy import lazy
 from saga.scheduler import controls, is_loop_parent, undo_order
@@ -26,6 +32,9 @@ if TYPE_CHECKING:
     from saga.executor import revisions as revise
 else:  # loaded when first used: a run started here needs none of them (saga.lazy)
     audit, revise = lazy("saga.audit"), lazy("saga.executor.revisions")
+
+
+log = logging.getLogger("saga.api")
 
 
 class RunCommands:
@@ -200,11 +209,17 @@ class RunCommands:
         else:
             raise ConcurrentWriteError(run_id)
         run = self.get(run_id)
-        parent = self._driving_parent(run)
-        if parent is not None:  # a child run moves with its parent, whose step drives it
-            self.resume(parent, on_events=on_events)
+        try:
+            parent = self._driving_parent(run)
+            if parent is not None:  # a child run moves with its parent, whose step drives it
+                self.resume(parent, on_events=on_events)
+                return self.get(run_id)
+            return self.drive(run, on_events=on_events)
+        except (LeaseHeldError, ConcurrentWriteError) as e:
+            # The command is recorded: a live driver took the run (it holds the lease, or
+            # appended first) and carries the command out, as it takes in any command.
+            log.info("run %s: %s; its driver carries the command out", run_id, e)
             return self.get(run_id)
-        return self.drive(run, on_events=on_events)
 
     def approve(self, run_id: str, step_id: str, *, actor: str | None = None,
                 comment: str | None = None) -> Run:
