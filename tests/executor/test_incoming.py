@@ -36,7 +36,9 @@ TOOLS = ("--tools", "tests.standins.standins")
 
 def env_for(settings: Settings, calls: Path, watch: str = "1") -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAGA_")}
+    # A snapshot every 4 events: each process reads the runs past snapshots.
     env.update(SAGA_TEST_CALL_LOG=str(calls), SAGA_WATCH_SECONDS=watch,
+               SAGA_SNAPSHOT_INTERVAL="4",
                PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
     if settings.is_postgres:
         env.update(SAGA_DATABASE_URL=settings.database_url or "",
