@@ -91,7 +91,9 @@ def fresh_store(store: str) -> Iterator[Settings]:
 
 def simulate(case: dict[str, Any], store: str) -> None:
     """Drive one case on a fresh store and fail with every violation found."""
-    where = FAILURES / f"run-{store}-{case['salt']}"
+    # The process's own folder: two simulations on one machine (CI beside a long run)
+    # share salts, and one would clear the other's ledger and files under it.
+    where = FAILURES / f"run-{store}-{case['salt']}-{os.getpid()}"
     shutil.rmtree(where, ignore_errors=True)
     where.mkdir(parents=True)
     with fresh_store(store) as settings:
