@@ -20,6 +20,19 @@ from typing import Any
 
 #: Fields every event carries for the audit chain, apart from its payload.
 CHAIN_FIELDS = ("actor", "prev_hash", "payload_hash", "mac")
+#: Per event type, the fields that hold users' data (inputs, parameters, outputs):
+#: what retention redacts (``saga.audit.chain.REDACTABLE``) and encryption at rest seals
+#: (``saga.store.encryption.SEALED``), so the two can never disagree.
+USER_DATA: dict[str, tuple[str, ...]] = {
+    "RunStarted": ("inputs",),
+    "StepStarted": ("parameters",),
+    "StepCompleted": ("output",),
+    "StepCompensated": ("output",),
+    "RunCompleted": ("outputs",),
+    "RunFailed": ("outputs",),
+    "RunCompensated": ("outputs",),
+}
+
 #: Fields an event sealed at rest adds as it is stored (:mod:`saga.store.encryption`): the
 #: hash of its payload as stored, and with an audit key an HMAC binding it to the chain.
 SEAL_FIELDS = ("sealed_hash", "sealed_mac")

@@ -53,7 +53,15 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
-from saga.chain import GENESIS, event_hash, genesis, payload_hash, payload_of, sign
+from saga.chain import (
+    GENESIS,
+    USER_DATA,
+    event_hash,
+    genesis,
+    payload_hash,
+    payload_of,
+    sign,
+)
 from saga.domain import ENDINGS
 
 log = logging.getLogger(__name__)
@@ -87,15 +95,7 @@ REDACTED: dict[str, Any] = {"_redacted": True}
 #: Per event type, the payload fields that carry user data (removed by retention).
 
 
-REDACTABLE: dict[str, tuple[str, ...]] = {
-    "RunStarted": ("inputs",),
-    "StepStarted": ("parameters",),
-    "StepCompleted": ("output",),
-    "StepCompensated": ("output",),
-    "RunCompleted": ("outputs",),
-    "RunFailed": ("outputs",),
-    "RunCompensated": ("outputs",),
-}
+REDACTABLE = USER_DATA
 #: Event types that end a run.
 
 

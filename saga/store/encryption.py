@@ -47,7 +47,7 @@ from uuid import UUID
 from eventsourcing.persistence import Mapper, StoredEvent, Transcoder, find_id_convertor
 from eventsourcing.utils import get_topic, resolve_topic
 
-from saga.chain import SEAL_FIELDS, payload_hash, payload_of, sign
+from saga.chain import SEAL_FIELDS, USER_DATA, payload_hash, payload_of, sign
 from saga.config import Settings
 from saga.domain import run_uuid
 from saga.errors import ConfigError, DoctoredSnapshotError, EncryptionKeyError
@@ -57,17 +57,8 @@ from saga.store.side_tables import Database
 aead = lazy("cryptography.hazmat.primitives.ciphers.aead")
 
 #: Per event type, the fields sealed with the run's data key (the user data: the same
-#: fields retention redacts, ``saga.audit.chain.REDACTABLE``); a snapshot seals ``state``.
-SEALED: dict[str, tuple[str, ...]] = {
-    "RunStarted": ("inputs",),
-    "StepStarted": ("parameters",),
-    "StepCompleted": ("output",),
-    "StepCompensated": ("output",),
-    "RunCompleted": ("outputs",),
-    "RunFailed": ("outputs",),
-    "RunCompensated": ("outputs",),
-    "Snapshot": ("state",),
-}
+#: fields retention redacts, :data:`saga.chain.USER_DATA`); a snapshot seals ``state``.
+SEALED: dict[str, tuple[str, ...]] = {**USER_DATA, "Snapshot": ("state",)}
 SEALED_KEY = "_sealed_"
 #: What a sealed value reads as once its run's data key was shredded.
 SHREDDED: dict[str, Any] = {"_redacted": True, "_shredded": True}
