@@ -216,6 +216,14 @@ class Step(_Model):
     signal: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,99}$")
     eco_skip: bool | None = Field(default=None, alias="eco-mode-skip",
                                   description="skipped in eco mode (default: enhancements)")
+    resource: str | list[str] | None = Field(
+        default=None, description="the resources (saga.toml [resources.NAME]) each call "
+                                  "of this step counts against")
+    pool: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$",
+                             description="only workers started with --pool NAME run it")
+    heartbeat_timeout: float | str | None = Field(
+        default=None, description="an attempt whose tool sends no ctx.heartbeat for this "
+                                  "long fails with HeartbeatTimeout: seconds or '5m'")
 
     @model_validator(mode="before")
     @classmethod
