@@ -406,8 +406,17 @@ class Saga(RunCommands):
             tick=self.fire_schedules, **{"queues": self.settings.queues, **kwargs})
 
     def get(self, run_id: str, version: int | None = None) -> Run:
-        """The run as recorded (``run_id`` may be a unique prefix of its id)."""
-        return self.app.get_run(self.resolve(run_id), version)
+        """The run as recorded (``run_id`` may be a unique prefix of its id), loaded once:
+        a whole id or name is read as it is, and only one that names no run is looked up
+        as a prefix (the run found by its prefix is then read)."""
+        if not names_a_run(run_id):
+            raise RunNotFoundError(run_id)
+        try:
+            return self.app.get_run(run_id, version)
+        except RunNotFoundError:
+            if len(run_id) < 4:
+                raise
+        return self.app.get_run(self._by_prefix(run_id), version)
 
     def resolve(self, run_id: str) -> str:
         """A run's id from its id, its name, or a unique prefix of either (at least 4
@@ -421,6 +430,10 @@ class Saga(RunCommands):
         except RunNotFoundError:
             if len(run_id) < 4:
                 raise
+        return self._by_prefix(run_id)
+
+    def _by_prefix(self, run_id: str) -> str:
+        """The one run whose id or name starts with ``run_id``, from the read model."""
         try:
             self.projection.catch_up()
         except Exception as e:  # a prefix is a convenience: a busy read model only limits it
