@@ -235,3 +235,10 @@ class EncryptionKeyError(SagaError):
     fails its authentication (it was changed)."""
 
     exit_code = 2
+
+
+class NotificationNotFoundError(SagaError):
+    """Raised when an id (or a prefix of one) names no notification in the outbox, or
+    more than one."""
+
+    exit_code = 4

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from saga import composition, expressions, secrets
 from saga.api.commands import RunCommands, _refuse_redacted
+from saga.api.notifications import NotificationCommands
 from saga.chain import json_safe
 from saga.composition import Plan, plan_of, tree_tools
 from saga.composition.definition import parse_duration, resolve_inputs
@@ -70,7 +71,7 @@ else:  # loaded when first used: a run started here needs none of them (saga.laz
 log = logging.getLogger("saga")
 
 
-class Saga(RunCommands):
+class Saga(RunCommands, NotificationCommands):
     """A handle on one store and one set of tools."""
 
     def __init__(self, settings: Settings | None = None, *, tools: Iterable[str] = (),

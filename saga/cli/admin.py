@@ -74,10 +74,13 @@ def worker(concurrency: int, until_idle: bool, worker_id: str | None,
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # a background job's is
         signal.signal(signal.SIGINT, on_signal)
     note(f"worker {w.worker_id} on {saga.settings.store_description}")
+    notifier = saga.notifier(w.worker_id).start()  # webhooks, on a thread of its own
     try:
         driven = w.run(until_idle=until_idle, stop=lambda: bool(stopping))
     except KeyboardInterrupt:
         driven = w.driven
+    finally:
+        notifier.stop(drain=until_idle)
     note(f"worker {w.worker_id} stopped after {driven} drives")
     if as_json:
         _emit_json({"worker": w.worker_id, "store": saga.settings.store_description,

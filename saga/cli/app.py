@@ -68,6 +68,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
              'Serve saga as an MCP server: each composition a tool, plus skill_run and...'),
     'migrate': ('saga.cli.replay_tools',
                  'Move a run in flight to a new definition, when replay proves it safe.'),
+    'notifications': ('saga.cli.notifications',
+                       "Webhooks derived from runs' events: list them, show one, send one again."),
     'pause': ('saga.cli.runs',
                'Pause a run: no new step starts, attempts in flight finish.'),
     'projection': ('saga.cli.admin',

@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from saga.chain import definition_hash
+from saga.composition.notify import NotifyTarget
 from saga.composition.text import load_file as load_file
 from saga.composition.text import parse_text as parse_text
 from saga.composition.text import text_problems as text_problems
@@ -393,6 +394,8 @@ class Definition(_Model):
     timeout: float | str | None = Field(default=None, description="the whole run's deadline: "
                                                                   "seconds or '2h'")
     queue: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+    #: Webhooks told of this run's events (saga.composition.notify), besides saga.toml's.
+    notify: list[NotifyTarget] = Field(default_factory=list)
 
     @field_validator("timeout")
     @classmethod

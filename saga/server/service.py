@@ -165,9 +165,14 @@ class Service:
             try:
                 with Saga(self.settings, tools=self.tools) as saga:
                     saga.sync_schedules()
-                    saga.worker_loop(concurrency=self.concurrency, poll_interval=self.poll,
-                                     lease_seconds=self.settings.lease_seconds
-                                     ).run(stop=self._stop.is_set)
+                    loop = saga.worker_loop(concurrency=self.concurrency,
+                                            poll_interval=self.poll,
+                                            lease_seconds=self.settings.lease_seconds)
+                    notifier = saga.notifier(loop.worker_id).start()  # webhooks
+                    try:
+                        loop.run(stop=self._stop.is_set)
+                    finally:
+                        notifier.stop()
             except Exception:  # the store went away: look again shortly
                 log.exception("the service's worker stopped; starting it again")
                 self._stop.wait(2.0)
