@@ -351,17 +351,23 @@ class XidOrderedRecorder(PostgresApplicationRecorder):
                        "ORDER BY originator_id, originator_version").format(
                 events=self._table, ids=ids)
         # Each aggregate's latest snapshot by its index, newest first (LIMIT 1): a long
-        # run keeps many, and only one of their states is read.
+        # run keeps many, and only one of their states is read. Then, per aggregate, its
+        # events after that version by the same index (a range scan from the snapshot's
+        # version): the rows read are the rows returned, however long the run. (Joining
+        # the events to the snapshots and filtering by version after the join read every
+        # event of the run and threw away all but the last few: issue 44.)
         return SQL(
-            "WITH s AS MATERIALIZED (SELECT l.* FROM unnest({ids}) AS a(id), "
-            "LATERAL (SELECT originator_id, originator_version, topic, state "
+            "WITH s AS MATERIALIZED (SELECT a.id, l.originator_id, l.originator_version, "
+            "l.topic, l.state FROM (SELECT DISTINCT unnest({ids}) AS id) AS a "
+            "LEFT JOIN LATERAL (SELECT originator_id, originator_version, topic, state "
             "FROM {snapshots} WHERE originator_id = a.id "
-            "ORDER BY originator_version DESC LIMIT 1) AS l) "
+            "ORDER BY originator_version DESC LIMIT 1) AS l ON true) "
             "SELECT true AS snap, originator_id, originator_version, topic, state "
-            "FROM s UNION ALL SELECT false, e.originator_id, e.originator_version, "
-            "e.topic, e.state FROM {events} AS e LEFT JOIN s "
-            "ON s.originator_id = e.originator_id WHERE e.originator_id = ANY({ids}) "
-            "AND e.originator_version > COALESCE(s.originator_version, 0) "
+            "FROM s WHERE s.originator_id IS NOT NULL UNION ALL SELECT false, "
+            "e.originator_id, e.originator_version, e.topic, e.state FROM s "
+            "CROSS JOIN LATERAL (SELECT originator_id, originator_version, topic, state "
+            "FROM {events} WHERE originator_id = s.id "
+            "AND originator_version > COALESCE(s.originator_version, 0)) AS e "
             "ORDER BY originator_id, snap DESC, originator_version").format(
             snapshots=SQL("{0}.{1}").format(Identifier(self.datastore.schema),
                                             Identifier(snapshots)),
