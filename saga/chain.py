@@ -31,6 +31,7 @@ USER_DATA: dict[str, tuple[str, ...]] = {
     "RunCompleted": ("outputs",),
     "RunFailed": ("outputs",),
     "RunCompensated": ("outputs",),
+    "HeartbeatRecorded": ("details",),
 }
 
 #: Fields an event sealed at rest adds as it is stored (:mod:`saga.store.encryption`): the

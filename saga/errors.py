@@ -112,6 +112,19 @@ class ToolError(SagaError):
         super().__init__(message)
 
 
+class HeartbeatTimeout(ToolError):
+    """Raised, and recorded as the attempt's error type, when a step with
+    ``heartbeat_timeout`` heard no ``ctx.heartbeat`` from its tool for that long: the
+    attempt fails and is retried by the step's retry policy."""
+
+    def __init__(self, step_id: str, seconds: float, last_beat: str | None) -> None:
+        self.step_id = step_id
+        self.seconds = seconds
+        since = f"since its last at {last_beat}" if last_beat else "since it started"
+        super().__init__(f"step {step_id!r}: no heartbeat for {seconds:g}s ({since})",
+                         error_type="HeartbeatTimeout", retryable=True)
+
+
 class UnknownToolError(SagaError):
     """Raised when a definition or a call names a tool that is not registered."""
 

@@ -25,7 +25,7 @@ from saga.scheduler.actions import brief
 _WORLD = {"StepCompleted", "ApprovalGranted", "ApprovalRejected", "RunRetried",
           "RemedyApplied", "StepWaiting", "SignalReceived", "RunPaused", "RunUnpaused",
           "RunTimedOut", "RetentionApplied", "RunTakenOver", "DefinitionMigrated",
-          "RunLabelled", "RunReset"}
+          "RunLabelled", "RunReset", "HeartbeatRecorded"}
 
 
 @dataclass(frozen=True)

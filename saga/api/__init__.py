@@ -56,6 +56,7 @@ from saga.store import (
     open_store,
     wait_for_lease,
 )
+from saga.store.heartbeats import Heartbeats, show_heartbeats
 from saga.telemetry import metrics, tracing
 from saga.tools import Registry, load_registry, modules_of
 from saga.views import check_moments, row_summary, run_summary, waits_of
@@ -184,6 +185,16 @@ class Saga(RunCommands, NotificationCommands):
             assert self._db is not None
             self._undo_store = UndoStore(self._db, self.settings.undo_key)
         return self._undo_store
+
+    @property
+    def heartbeats(self) -> Heartbeats:
+        """Tools' last heartbeats of the attempts in flight (``saga_heartbeats``)."""
+        self.leases  # noqa: B018 - opens the side connection the table shares
+        assert self._db is not None
+        found: Heartbeats | None = self.__dict__.get("_heartbeats")
+        if found is None or found.db is not self._db:
+            found = self.__dict__["_heartbeats"] = Heartbeats(self._db)
+        return found
 
     def load(self, source: str | Path | Mapping[str, Any]) -> Plan:
         """Load and validate a composition (a file path or raw data) into a plan, with the
@@ -452,6 +463,7 @@ class Saga(RunCommands, NotificationCommands):
         summary = run_summary(run)
         # what the endpoints would accept now, by their own rules: a viewer offers only these
         summary["actions"] = controls.allowed(run)
+        show_heartbeats(summary, run.steps, self.heartbeats)  # what long calls last said
         children = []
         plan = self.executor_plan(run)
         for key, state in run.steps.items():

@@ -58,6 +58,7 @@ from saga.config import Settings
 from saga.errors import ConfigError
 from saga.store.application import open_app
 from saga.store.encryption import shred as shred_keys
+from saga.store.heartbeats import TABLE as HEARTBEATS
 from saga.store.side_tables import Database
 from saga.store.undo import UNDO_TABLE
 
@@ -165,6 +166,7 @@ def _retain(db: Database, settings: Settings, run_id: str, cutoff: datetime, dry
                 cur.execute("PRAGMA secure_delete = ON")
             cur.execute(db.sql(f"DELETE {undo_where[0]}"), undo_where[1])
             plan.undo = max(cur.rowcount, 0)
+        _forget_heartbeats(db, cur, run_id)
     return bool(plan)
 
 
@@ -185,7 +187,16 @@ def _shred(db: Database, settings: Settings, run_id: str) -> bool:
             cur.execute(db.sql(f"DELETE FROM {UNDO_TABLE} WHERE run_uuid = ?"),
                         (str(_uuid(run_id)),))
             gone += max(cur.rowcount, 0)
+        _forget_heartbeats(db, cur, run_id)
     return gone > 0
+
+
+def _forget_heartbeats(db: Database, cur: Any, run_id: str) -> None:
+    """Delete a run's last heartbeats (``saga_heartbeats``): tools' progress details,
+    user data like its undo state; its ``HeartbeatRecorded`` events are redacted."""
+    if _has_table(db, HEARTBEATS):
+        cur.execute(db.sql(f"DELETE FROM {HEARTBEATS} WHERE run_uuid = ?"),
+                    (str(_uuid(run_id)),))
 
 
 def apply_retention(settings: Settings, older_than_days: float, dry_run: bool = False,

@@ -136,6 +136,8 @@ def _summary_parts(summary: dict[str, Any]) -> tuple[list[Any], list[tuple[str, 
         if s.get("compensation_error"):  # its effect is still there: say so
             st, style = f"{st}, compensation failed", "red"
             detail = f"NOT UNDONE: {s['compensation_error'].get('message', '')}"
+        if s.get("heartbeat") and s.get("status") != "completed":  # a long call's progress
+            detail = _beat(s["heartbeat"], detail)
         rows.append((_escape(key), f"[{style}]{st}[/]" if style else st,
                      str(s.get("attempt", "")), str(s.get("duration_ms", "") or ""),
                      _escape(detail)))
@@ -181,6 +183,15 @@ def _child_wait(run_id: str, wait: dict[str, Any]) -> str:
     if wait.get("signal"):
         return f"the signal {wait['signal']} (saga signal {run_id} {wait['signal']})"
     return f"a timer (until {wait['until']})"
+
+
+def _beat(beat: dict[str, Any], detail: str) -> str:
+    """A step's last heartbeat in its row: ``heartbeat 3s ago: {"done": 40}``, after what
+    the row said (an interrupted or timed-out attempt's error)."""
+    said = f"heartbeat {_ago(beat.get('at'))}"
+    if beat.get("details") is not None:
+        said += ": " + json.dumps(beat["details"], default=str, ensure_ascii=False)[:200]
+    return f"{detail} ({said})" if detail else said
 
 
 def _print_summary(summary: dict[str, Any]) -> None:

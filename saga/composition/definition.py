@@ -247,7 +247,7 @@ class Step(_Model):
             data["on_error"] = "fail" if blocks else "continue"
         return data
 
-    @field_validator("sleep")
+    @field_validator("sleep", "heartbeat_timeout")
     @classmethod
     def _sleep_duration(cls, value: float | str | None) -> float | str | None:
         if value is not None and parse_duration(value) is None:

@@ -1,7 +1,7 @@
 """The domain: the ``Run`` aggregate (:mod:`~saga.domain.run`) and the vocabulary every
 stage speaks about runs (:mod:`~saga.domain.vocabulary`)."""
 
-from saga.domain import revisions, waits  # attach their events to Run
+from saga.domain import heartbeats, revisions, waits  # attach their events to Run
 from saga.domain.run import Run
 from saga.domain.vocabulary import (
     COMMANDS,
@@ -56,6 +56,7 @@ __all__ = [
     "check_signal_name",
     "child_run_id",
     "event_name",
+    "heartbeats",
     "idempotency_key",
     "iso",
     "ms_between",

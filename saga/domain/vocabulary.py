@@ -34,7 +34,7 @@ EVENT_TYPES = (
     "RunRetried", "RunCompleted", "RunFailed", "RunCompensated", "RunCancelled",
     "RunPaused", "RunUnpaused", "StepWaiting", "SignalReceived", "RunTimedOut",
     "RetentionApplied", "RunTakenOver", "DefinitionMigrated", "RunLabelled", "RunReset",
-    "StepsReopened")
+    "StepsReopened", "HeartbeatRecorded")
 
 
 TOPIC_PREFIX = "saga."
@@ -68,6 +68,7 @@ class StepState(TypedDict, total=False):
     retry_at: str | None
     attempt_started_at: str
     running_since: str | None  # the attempt in flight's start (None when none runs)
+    heartbeat: dict[str, Any]  # what an attempt's tool last beat (saga.domain.heartbeats)
     started_at: str | None
     finished_at: str | None
     duration_ms: int | None

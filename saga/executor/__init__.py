@@ -29,6 +29,7 @@ from saga.executor.incoming import WATCH_EVERY
 from saga.store.application import SagaApplication
 from saga.store.cache import ToolCache
 from saga.store.group_commit import GroupCommit
+from saga.store.heartbeats import Heartbeats
 from saga.store.side_tables import Database
 from saga.store.undo import UndoStore
 from saga.tools import Registry
@@ -238,6 +239,16 @@ class Executor:
                 self._undo_db = Database(self.app.settings)
                 self._undo = UndoStore(self._undo_db, self.app.settings.undo_key)
             return self._undo
+
+    @property
+    def heartbeats(self) -> Heartbeats:
+        """Tools' last heartbeats (:mod:`saga.store.heartbeats`), on the undo store's
+        connection (opened on first use)."""
+        db = self.undo_store.db
+        found: Heartbeats | None = self.__dict__.get("_heartbeats")
+        if found is None or found.db is not db:
+            found = self.__dict__["_heartbeats"] = Heartbeats(db)
+        return found
 
     def plan_for(self, run: Run) -> Plan:
         """The plan of the definition recorded in the run (never a file edited since)."""

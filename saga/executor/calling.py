@@ -20,7 +20,7 @@ from saga.composition import Plan
 from saga.domain import Run
 from saga.domain.revisions import key_of
 from saga.errors import ToolError
-from saga.executor import calls, outputs
+from saga.executor import calls, heartbeats, outputs
 from saga.executor.calls import Outcome
 from saga.scheduler import CompensateStep, RunRemedy, StartStep
 from saga.telemetry import metrics, scope, tracing
@@ -89,9 +89,12 @@ class ToolCalls:
             try:
                 outcome = await call
             except BaseException as e:  # cancelled (a timeout, the drive ending), or a bug
+                heartbeats.let_go(self, action.step_id, action.iteration, attempt)
                 span.end("cancelled" if isinstance(e, asyncio.CancelledError) else "failed",
                          type(e).__name__, str(e))
                 raise
+        if name == "saga.step":
+            outcome = heartbeats.attach(self, outcome)  # its beats end with it
         done = ("completed" if name == "saga.step" else "compensated") if outcome.ok \
             else "failed"
         span.end(done, outcome.error_type or None, outcome.message,
@@ -101,6 +104,14 @@ class ToolCalls:
             metrics.step_duration(tool, done, time.perf_counter() - began)
         self.wakeup.wake()  # this task ends with the return: no turn waits for it
         return outcome
+
+    def _settle_beats(self, outcome: Outcome) -> None:
+        """Before an attempt's end is recorded: what its tool last beat (heartbeats)."""
+        heartbeats.settle(self, outcome)
+
+    def _recover_beats(self) -> None:
+        """Taking the run over: what the dead worker's attempts last beat (heartbeats)."""
+        heartbeats.recover(self)
 
     def _tool(self, step_id: str) -> str:
         try:
@@ -142,6 +153,8 @@ class ToolCalls:
                 raise ToolError(f"tool {name!r} has no compensation", retryable=False)
             func = calls.bind_output(tool.compensate, own_output[0])
         run_id = self.run.run_id
+        step_call = not suffix and own_output is None  # a step's attempt, not its undo
+        beats = heartbeats.begin(self, action) if step_call else None
         ctx = ToolContext(
             run_id=run_id, step_id=action.step_id, iteration=action.iteration,
             attempt=action.attempt,
@@ -149,12 +162,16 @@ class ToolCalls:
             deadline=time.time() + timeout if timeout else None,
             logger=logging.getLogger(f"saga.tool.{name}"),
             traceparent=scope.current().span.traceparent,
+            last_heartbeat=heartbeats.last_details(self.run, action) if step_call else None,
+            on_heartbeat=None if beats is None else beats.beat,
         )
         params = parameters if isinstance(parameters, dict) else {"value": parameters}
         recorded = own_output[0] if own_output is not None else None
         values = secrets.lookup(run_id, secrets.names_in(params) | secrets.names_in(recorded),
                                 allow=self.x.app.settings.secrets_allow)
         params = secrets.reveal(params, values)
+        if beats is not None and values:
+            beats.conceal = functools.partial(secrets.conceal, values=values)
         if own_output is not None:
             assert tool.compensate is not None
             func = calls.bind_output(tool.compensate, secrets.reveal(recorded, values))
@@ -166,6 +183,9 @@ class ToolCalls:
                                 error_type="InvalidParameters", retryable=False)
         is_async = inspect.iscoroutinefunction(func)
         call = func(params, ctx) if is_async else self._in_thread(func, params, ctx)
+        watch = heartbeats.timeout_of(self.plan, action.step_id) if beats else None
+        if beats is not None and watch:
+            call = heartbeats.watched(call, beats, watch, action.step_id)
         try:
             result = await asyncio.wait_for(call, timeout) if timeout else await call
         except (ToolError, TimeoutError):

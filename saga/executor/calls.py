@@ -97,6 +97,7 @@ class Outcome:
     retryable: bool = True
     duration_ms: int = 0
     cache: dict[str, Any] | None = None
+    heartbeat: dict[str, Any] | None = None  # what its tool last beat (executor.heartbeats)
 
     def __post_init__(self) -> None:
         # Whatever a tool answered must be recordable (promise 1 hangs on it).

@@ -138,6 +138,7 @@ class Drive(ToolCalls):
         if scheduler.interrupted(self.plan, self.run):
             # counted first (quarantine reads it), with what the lease shows of the dead
             self.run.take_over(self.x.worker, calls.lease_seen(self.lease, self.run.run_id))
+            self._recover_beats()  # what the dead attempts last beat, before they end
             for action in scheduler.interrupted(self.plan, self.run):
                 self._apply(action)
         watch = self.wakeup.watch
@@ -426,6 +427,7 @@ class Drive(ToolCalls):
 
     def _record(self, outcome: Outcome) -> None:
         run = self.run
+        self._settle_beats(outcome)  # an attempt's last beat, before its end
         if outcome.kind == "wake":
             self.wakes.discard(outcome.step_id)  # the next turn ends the wait
         elif outcome.kind == "timer":

@@ -58,6 +58,10 @@ class ToolContext:
             ``traceparent`` header); None when it is off.
         usage: what the tool reported with :meth:`report_usage`, recorded with its output
             under ``_usage`` (an object output only) and summed per layer.
+        last_heartbeat: the details an earlier attempt of this step last sent with
+            :meth:`heartbeat` (as the log recorded them), so a retry can resume where it
+            was; None on a first attempt or when none beat.
+        on_heartbeat: where :meth:`heartbeat` reports (set by the executor).
     """
 
     run_id: str
@@ -69,6 +73,16 @@ class ToolContext:
     logger: logging.Logger = field(default_factory=lambda: logging.getLogger("saga.tool"))
     traceparent: str | None = None
     usage: dict[str, float] = field(default_factory=dict)
+    last_heartbeat: Any = None
+    on_heartbeat: Callable[[Any], None] | None = field(default=None, repr=False, compare=False)
+
+    def heartbeat(self, details: Any = None) -> None:
+        """Say the call is alive, with ``details`` of its progress (JSON; None keeps the
+        last given). Cheap, from any thread: saga keeps the last details, not every beat
+        (``saga status`` shows them; a retry gets them as :attr:`last_heartbeat`), and a
+        step with ``heartbeat_timeout`` fails when beats stop for that long."""
+        if self.on_heartbeat is not None:
+            self.on_heartbeat(details)
 
     def report_usage(self, **amounts: float) -> None:
         """Report what the call used (``ctx.report_usage(tokens=1200)``): added up per

@@ -9,6 +9,9 @@ Parameters:
     allow_exit_codes: exit codes that count as success (default ``[0]``).
     undo_argv: the argv run, with the same cwd/env/timeout and allowlist, by the tool's
         own compensation (``compensate: true``). Without it the compensation fails.
+    progress: a regular expression: each output line matching it is sent as the details
+        of a heartbeat (``ctx.heartbeat``), and the tool beats every second while the
+        program runs (see :mod:`saga.tools.progress`).
 
 Output: ``{"exit_code", "stdout", "stderr"}`` (text, each capped at 1 MiB; a
 ``"truncated": true`` key says when something was cut).
@@ -44,6 +47,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from saga.errors import ToolError
+from saga.tools import progress
 from saga.tools.base import Tool, ToolContext
 
 MAX_OUTPUT = 1 << 20
@@ -59,6 +63,7 @@ PARAMS: dict[str, Any] = {
         "timeout": {"type": "number", "minimum": 0},
         "allow_exit_codes": {"type": "array", "items": {"type": "integer"}},
         "undo_argv": {**_STRINGS, "minItems": 1},
+        "progress": {"type": "string"},
     },
     "required": ["argv"],
     "additionalProperties": False,
@@ -135,8 +140,10 @@ def refused_args(argv: list[str], config: Mapping[str, Any] | None = None) -> li
 
 
 async def run_argv(argv: list[str], params: dict[str, Any], allow: list[str],
-                   config: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Run ``argv`` with the options in ``params``; the output dict or ToolError."""
+                   config: Mapping[str, Any] | None = None,
+                   ctx: ToolContext | None = None) -> dict[str, Any]:
+    """Run ``argv`` with the options in ``params``; the output dict or ToolError. With
+    ``ctx``, beat while it runs, with its ``progress`` lines as details (saga.tools.progress)."""
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
         raise ToolError("argv must be a non-empty list of strings (no shell string)",
                         error_type="BadParameters", retryable=False)
@@ -166,8 +173,9 @@ async def run_argv(argv: list[str], params: dict[str, Any], allow: list[str],
                         retryable=False) from e
     try:
         data = stdin_text.encode() if stdin_text is not None else None
-        out, err = await asyncio.wait_for(proc.communicate(data),
-                                          float(timeout) if timeout else None)
+        out, err = await asyncio.wait_for(
+            progress.communicate(proc, data, ctx, params.get("progress"), MAX_OUTPUT),
+            float(timeout) if timeout else None)
     except TimeoutError:
         await _kill(proc)
         raise ToolError(f"{argv[0]} timed out after {float(timeout or 0):g}s and was killed",
@@ -208,7 +216,7 @@ def make_tool(config: Mapping[str, Any]) -> Tool:
     async def shell(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         """Runs an allowlisted program from an argv list."""
         argv: Any = params.get("argv")  # run_argv refuses anything but a list of strings
-        return await run_argv(argv, params, allowlist(config), config)
+        return await run_argv(argv, params, allowlist(config), config, ctx)
 
     async def undo(params: dict[str, Any], output: Any, ctx: ToolContext) -> dict[str, Any]:
         undo_argv = params.get("undo_argv")
@@ -219,4 +227,4 @@ def make_tool(config: Mapping[str, Any]) -> Tool:
 
     return Tool("shell", shell, undo,
                 "Runs an allowlisted program from an argv list; undo_argv compensates.",
-                "builtin", PARAMS)
+                "builtin", PARAMS, check=progress.check)

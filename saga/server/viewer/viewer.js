@@ -468,6 +468,10 @@ var saga = (function () {
         var detail = s.error ? json(s.error) : json(s.output);
         if (s.reason) detail = detail || s.reason;
         var cell = el("td", {}, collapsible(detail, false));
+        if (s.heartbeat && s.status !== "completed")  // what a long call last reported
+          cell.appendChild(el("div", {"class": "heartbeat"}, "heartbeat ",
+            el("time", {datetime: s.heartbeat.at || "", text: ago(s.heartbeat.at)}), ": ",
+            collapsible(json(s.heartbeat.details), false)));
         if (s.compensation_error)
           cell.appendChild(el("div", {"class": "bad"}, "undo failed: ",
                                collapsible(json(s.compensation_error), false)));
@@ -737,6 +741,13 @@ var saga = (function () {
     }
     var refresh = debounce(load, 150);
     refreshTimes();
+    setInterval(function () {
+      // a long call's heartbeats are not events: while a step runs, its row is re-read
+      var steps = current ? current.run.steps || {} : {};
+      if (!Object.keys(steps).some(function (k) { return steps[k].status === "running"; }))
+        return;
+      api(base).then(function (r) { current.run = r; draw(); }).catch(function () {});
+    }, 5000);
     load().then(function (run) {
       if (run && FINISHED.indexOf(run.status) < 0)
         follow(base + "/events?after=" + last, refresh, refresh);
