@@ -117,7 +117,9 @@ def test_argv_must_be_a_list_of_strings_and_the_program_must_exist() -> None:
     assert t.check_parameters({"argv": ["echo", 1]}) == ["argv[1]: expected string, got integer"]
     assert t.check_parameters({"argv": ["echo"], "shell": True}) == [
         "unknown parameter 'shell' (expected: allow_exit_codes, argv, cwd, env, input, "
-        "timeout, undo_argv)"]
+        "progress, timeout, undo_argv)"]
+    [bad] = t.check_parameters({"argv": ["echo"], "progress": "^PROGRESS (.*"})
+    assert bad.startswith("progress: not a regular expression: missing ), unterminated")
     for bad in ("echo hi", ["echo", 1], []):
         with pytest.raises(ToolError) as rejected:
             call(t, {"argv": bad})
