@@ -35,6 +35,7 @@ from saga.errors import (
 )
 from saga.store.encryption import sealing_mapper
 from saga.store.leases import LeaseClaim, LeaseRelease, Leases, claim_first_args
+from saga.store.reads import load_run
 from saga.store.reconnect import Reconnect, connection_lost
 from saga.store.side_tables import (
     DDL_LOCK,
@@ -219,7 +220,7 @@ class SagaApplication(Application[UUID]):
 
         def read() -> Run | None:
             try:
-                if version is None and hasattr(self.recorder, "select_run"):
+                if version is None:
                     return self._load(uid)
                 return self.repository.get(uid, version=version)
             except AggregateNotFoundError:
@@ -294,10 +295,8 @@ class SagaApplication(Application[UUID]):
             snapshots.recorder.events_table_name  # type: ignore[attr-defined]
 
     def _load(self, uid: UUID) -> Run | None:
-        """The run as the library's repository builds it (its latest snapshot, then the
-        events after it), read in one round trip (saga's PostgreSQL recorder)."""
-        return self._build(*self.recorder.select_run(  # type: ignore[attr-defined]
-            uid, self._snapshot_table()))
+        """The run from its latest snapshot and the events after it (see :mod:`.reads`)."""
+        return load_run(self, uid)
 
     def _build(self, snapshot: Any, events: Sequence[Any]) -> Run | None:
         """A run from its latest snapshot (or None) and the stored events after it."""

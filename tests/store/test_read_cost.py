@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -40,7 +43,8 @@ def long_run(saga: Saga, events: int) -> str:
             saga.app.save_run(run)
     if run.pending_events:
         saga.app.save_run(run)
-    if not snapshot_due(events, saga.settings.snapshot_interval):  # else saved with it
+    interval = saga.settings.snapshot_interval
+    if interval and not snapshot_due(events, interval):  # else taken with the save
         saga.app.take_snapshot(run.id, version=events)
     return run.run_id
 
@@ -180,3 +184,36 @@ def test_get_loads_the_run_once(sqlite_settings: Settings, how: str) -> None:
             del app.get_run
         assert loads == [run.run_id if how != "name" else "ORDER-42"]
         assert count[0] == run.version  # one fold of its events (no snapshot this short)
+
+
+def calls_during(load: Callable[[], Run]) -> int:
+    """Python and C function calls made while ``load`` runs (``sys.setprofile``)."""
+    calls = [0]
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event in ("call", "c_call"):
+            calls[0] += 1
+
+    sys.setprofile(profile)
+    try:
+        load()
+    finally:
+        sys.setprofile(None)
+    return calls[0]
+
+
+def test_a_replay_without_snapshots_costs_the_same_calls_per_event_on_both_stores(
+        tmp_path: Path, pg_settings: Settings) -> None:
+    """A run folded from its events alone does the same work per event on either store:
+    SQLite's load went through the library's repository, whose projector checks each
+    event against a runtime Protocol (about 100 more calls an event, half the time of a
+    long replay: the "SQLite replay regression" of issue 44)."""
+    per_event = {}
+    for name, settings in (("sqlite", Settings(home=tmp_path / ".saga", actor="t")),
+                           ("postgres", pg_settings)):
+        with Saga(replace(settings, snapshot_interval=0)) as saga:
+            run_id = long_run(saga, 1000)
+            assert saga.app.get_run(run_id).version == 1000  # warm
+            per_event[name] = calls_during(lambda r=run_id, s=saga: s.app.get_run(r)) / 1000  # type: ignore[misc]
+    assert per_event["sqlite"] <= 1.25 * per_event["postgres"], per_event
+    assert per_event["sqlite"] < 110, per_event  # 73 now; 171 through the projector
