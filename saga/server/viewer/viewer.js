@@ -711,6 +711,31 @@ var saga = (function () {
       box.appendChild(collapsible(json(result), false));
     }
 
+    function notificationsTable(list) {
+      // the webhooks derived from this run's events, and how their delivery went
+      var body = document.querySelector("#notifications tbody");
+      body.textContent = "";
+      document.getElementById("notifications-count").textContent = list.length
+        ? list.length + " · " + list.filter(function (n) { return n.status === "delivered"; }).length
+          + " delivered" : "none";
+      list.forEach(function (n) {
+        var tries = n.attempts_log || [], last = tries[tries.length - 1];
+        var said = !last ? "not tried yet" : last.outcome + (last.status_code ? " (HTTP "
+          + last.status_code + ")" : "") + (last.error ? ": " + last.error : "");
+        body.appendChild(el("tr", {"data-notification": n.id, "data-status": n.status},
+          el("td", {text: n.type, title: "event " + n.event_id}), el("td", {text: n.target}),
+          el("td", {}, el("span", {"class": "badge " + cls(n.status === "delivered" ? "completed"
+            : n.status === "failed" ? "failed" : "waiting"), text: n.status})),
+          el("td", {text: n.attempts}),
+          el("td", {}, last ? el("time", {datetime: last.started_at, title: exact(last.started_at),
+                                          text: ago(last.started_at)}) : "", " " + said)));
+      });
+      return list;
+    }
+    function notifications() {
+      return api(base + "/notifications").then(notificationsTable).catch(function () { return []; });
+    }
+
     function draw() {
       var run = current.run, layout = current.layout;
       var keys = stepKeys(run, layout);
@@ -731,7 +756,7 @@ var saga = (function () {
         layout.byId = {};
         layout.nodes.forEach(function (n) { layout.byId[n.id] = n; });
         current = {run: r[0], layout: layout};
-        draw(); graph(layout); timeline(r[2]); historyTable(r[2]); audit(r[3]);
+        draw(); graph(layout); timeline(r[2]); historyTable(r[2]); audit(r[3]); notifications();
         document.getElementById("notice").hidden = true;
         if (r[2].length) last = r[2][r[2].length - 1].version;
         return r[0];
@@ -747,6 +772,14 @@ var saga = (function () {
       if (!Object.keys(steps).some(function (k) { return steps[k].status === "running"; }))
         return;
       api(base).then(function (r) { current.run = r; draw(); }).catch(function () {});
+    }, 5000);
+    var looks = 0;
+    setInterval(function () {
+      // notifications are sent after the events that make them: re-read while any is
+      // pending, and for a while after the run ends (a worker derives them then)
+      var waiting = document.querySelectorAll('#notifications tr[data-status="pending"]');
+      var ended = current && FINISHED.indexOf(current.run.status) >= 0;
+      if (waiting.length || (ended && looks++ < 24)) notifications();
     }, 5000);
     load().then(function (run) {
       if (run && FINISHED.indexOf(run.status) < 0)
