@@ -19,7 +19,7 @@ from saga.chain import payload_of
 from saga.composition import Plan, compile_any
 from saga.domain import Run, step_key
 from saga.errors import RunStateError
-from saga.scheduler import policy
+from saga.scheduler import policy, pools
 from saga.scheduler.actions import brief
 
 _WORLD = {"StepCompleted", "ApprovalGranted", "ApprovalRejected", "RunRetried",
@@ -157,6 +157,10 @@ def _check(plan: Plan, run: Run, event: Any) -> Divergence | None:
     if kind == "HealStarted":
         return _check_heal(plan, run, event)
     expected = scheduler.decide(plan, run)
+    if kind == "StepAwaitingPool":  # a step the scheduler starts now waits for its pool
+        return None if any(pools.matches(need, event.__dict__) for need in
+                           pools.needs(plan, expected)) else Divergence(
+            event.originator_version, kind, _payload(event), [a.describe() for a in expected])
     if any(action.matches(kind, event) for action in expected):
         return None
     return Divergence(event.originator_version, kind, _payload(event),

@@ -9,8 +9,10 @@ from datetime import datetime
 from typing import Any
 
 from saga.composition import plan_of
-from saga.domain import ENDINGS, Run, run_uuid
+from saga.domain import ENDINGS, Run, run_uuid, step_key
+from saga.domain.pools import recorded_waits
 from saga.errors import InputError, Problem, RunNotFoundError
+from saga.scheduler import pools
 from saga.scheduler.policy import not_undone
 from saga.store.application import SagaApplication, event_json
 
@@ -60,6 +62,11 @@ def run_summary(run: Run, steps: bool = True) -> dict[str, Any]:
         out["labels"] = run.context["labels"]
     if run.pending_approvals and not run.is_finished:  # a finished run waits for nobody
         out["waiting_for"] = run.pending_approvals
+    if recorded_waits(run) and not run.is_finished:  # steps waiting for a worker's pool
+        out["waiting_for_pools"] = [
+            {"step": step_key(w["step_id"], w["iteration"]), "pool": w["pool"],
+             "compensation": w["compensation"], "since": w["since"]}
+            for w in pools.waiting(plan_of(run), run)]
     if steps:
         out["inputs"] = run.inputs
         out["steps"] = {

@@ -19,6 +19,7 @@ from saga.cli.app import (
 )
 from saga.cli.render import _ago
 from saga.cli.runs import _parse_inputs
+from saga.executor.pools import Pools
 from saga.telemetry import metrics
 
 
@@ -36,12 +37,17 @@ from saga.telemetry import metrics
                    "printed); needs the metrics extra.")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True,
               help="The address the metrics listen on.")
+@click.option("--pool", "pools", metavar="NAME", multiple=True,
+              help="Run the steps of this pool (a step's pool: NAME); repeatable.")
+@click.option("--only-pools", is_flag=True,
+              help="Run only the steps of its --pool pools, no unpooled step.")
 @tools_option
 @click.option("--json", "as_json", is_flag=True,
               help="When it stops, print what it did as JSON (worker, store, drives).")
 def worker(concurrency: int, until_idle: bool, worker_id: str | None,
            lease_seconds: float | None, poll: float, metrics_port: int | None,
-           metrics_host: str, tools: tuple[str, ...], as_json: bool) -> None:
+           metrics_host: str, pools: tuple[str, ...], only_pools: bool,
+           tools: tuple[str, ...], as_json: bool) -> None:
     """Claim runnable runs and drive them (new, interrupted, approved, redriven).
 
     Highest priority first, then oldest, within saga.toml's [queues.NAME] limits.
@@ -52,7 +58,12 @@ def worker(concurrency: int, until_idle: bool, worker_id: str | None,
     Example:
       saga worker --concurrency 8 --id worker-1 --metrics-port 9464
       saga worker --until-idle --json       # drain what is runnable, then exit
+      saga worker --pool vpn --only-pools   # only the steps with pool: vpn
     """
+    if only_pools and not pools:
+        raise click.BadParameter("needs at least one --pool NAME (it would run nothing)",
+                                 param_hint="--only-pools")
+    served = Pools.of(pools, only_pools)
     saga = _saga(tools)
     if metrics_port is not None:
         exported = metrics.enable()
@@ -61,7 +72,8 @@ def worker(concurrency: int, until_idle: bool, worker_id: str | None,
         note(f"metrics on http://{metrics_host}:{server.server_port}/metrics")
     saga.sync_schedules()
     w = saga.worker_loop(worker_id=worker_id, concurrency=concurrency, poll_interval=poll,
-                         lease_seconds=lease_seconds or saga.settings.lease_seconds)
+                         lease_seconds=lease_seconds or saga.settings.lease_seconds,
+                         pools=served)
     stopping: list[int] = []
 
     def on_signal(*_: Any) -> None:
@@ -73,7 +85,8 @@ def worker(concurrency: int, until_idle: bool, worker_id: str | None,
     signal.signal(signal.SIGTERM, on_signal)
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # a background job's is
         signal.signal(signal.SIGINT, on_signal)
-    note(f"worker {w.worker_id} on {saga.settings.store_description}")
+    note(f"worker {w.worker_id} on {saga.settings.store_description}"
+         + (f" ({served.describe()})" if pools else ""))
     notifier = saga.notifier(w.worker_id).start()  # webhooks, on a thread of its own
     try:
         driven = w.run(until_idle=until_idle, stop=lambda: bool(stopping))

@@ -167,11 +167,23 @@ def _summary_parts(summary: dict[str, Any]) -> tuple[list[Any], list[tuple[str, 
     if summary.get("waiting_for"):
         for step in summary["waiting_for"]:
             lines.append(_escape(f"waiting: saga approve {summary['run_id']} {step}"))
+    for wait in summary.get("waiting_for_pools") or ():
+        lines.append(_escape(_pool_wait(wait)))
     for child in summary.get("waiting_for_children") or ():
         what = ", ".join(_child_wait(child["run_id"], w) for w in child["waiting_for"])
         lines.append(_escape(f"waiting: step {child['step']} waits for child run "
                              f"{child['run_id']}, which waits for {what or 'its worker'}"))
     return lines, rows
+
+
+def _pool_wait(wait: dict[str, Any]) -> str:
+    """A step waiting for a worker of its pool, as a person reads it."""
+    what = f"the undo of step {wait['step']}" if wait.get("compensation") \
+        else f"step {wait['step']}"
+    if wait["pool"] is None:
+        return f"waiting: a worker of unpooled steps ({what}; one without --only-pools)"
+    return (f"waiting: pool {wait['pool']} ({what}; a worker started with "
+            f"--pool {wait['pool']} runs it)")
 
 
 def _child_wait(run_id: str, wait: dict[str, Any]) -> str:

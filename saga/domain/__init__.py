@@ -1,7 +1,7 @@
 """The domain: the ``Run`` aggregate (:mod:`~saga.domain.run`) and the vocabulary every
 stage speaks about runs (:mod:`~saga.domain.vocabulary`)."""
 
-from saga.domain import heartbeats, revisions, waits  # attach their events to Run
+from saga.domain import heartbeats, pools, revisions, waits  # attach their events to Run
 from saga.domain.run import Run
 from saga.domain.vocabulary import (
     COMMANDS,
@@ -61,6 +61,7 @@ __all__ = [
     "iso",
     "ms_between",
     "names_a_run",
+    "pools",
     "priority_of",
     "queue_of",
     "queue_options",

@@ -34,7 +34,8 @@ EVENT_TYPES = (
     "RunRetried", "RunCompleted", "RunFailed", "RunCompensated", "RunCancelled",
     "RunPaused", "RunUnpaused", "StepWaiting", "SignalReceived", "RunTimedOut",
     "RetentionApplied", "RunTakenOver", "DefinitionMigrated", "RunLabelled", "RunReset",
-    "StepsReopened", "HeartbeatRecorded")
+    "StepsReopened", "HeartbeatRecorded",
+    "StepAwaitingPool")
 
 
 TOPIC_PREFIX = "saga."

@@ -26,6 +26,7 @@ from saga.domain import Run, StepState
 from saga.errors import RunNotFoundError, SagaError, ToolsMissingError
 from saga.executor.drive import Drive, EventHook, LeaseLike
 from saga.executor.incoming import WATCH_EVERY
+from saga.executor.pools import Pools
 from saga.store.application import SagaApplication
 from saga.store.cache import ToolCache
 from saga.store.group_commit import GroupCommit
@@ -194,6 +195,8 @@ class Executor:
         #: Set by a worker, and set when it stops: its drives finish the calls they have
         #: in flight, record them, start nothing new and end (see :class:`Drive`).
         self.stopping: asyncio.Event | None = None
+        #: Set by a worker: the pools it serves (None: every step; see executor.pools).
+        self.pools: Pools | None = None
         self.watch_every = watch_every
         self._own_threads = threads is None
         self.threads = ToolThreads(max_threads) if threads is None else threads

@@ -19,7 +19,7 @@ from saga.composition import Plan
 from saga.composition.definition import Step
 from saga.domain import Run, StepState, step_key
 from saga.errors import ConcurrentWriteError, LeaseLostError
-from saga.executor import calls, incoming, nesting, outputs
+from saga.executor import calls, incoming, nesting, outputs, pools
 from saga.executor.calling import ToolCalls
 from saga.executor.calls import Outcome
 from saga.executor.waits import abandon_wait, wait_length
@@ -115,6 +115,8 @@ class Drive(ToolCalls):
         self.in_threads: dict[asyncio.Task[Any] | None, Future[Any]] = {}
         #: Set when the drive is to drain (see the class docs); a child run's has none.
         self.stopping = executor.stopping if lease is not None else None
+        #: Its next append gives the lease up: the run waits for another pool (pools).
+        self.handing_over = False
 
     async def go(self) -> Run:
         """Drive the run inside its ``saga.run`` span, with the run as the log scope."""
@@ -188,6 +190,8 @@ class Drive(ToolCalls):
             if draining or self.run.paused:
                 self._let_waits_go()
             if self.run.is_finished or not self.tasks:
+                if not self.run.is_finished:  # what waits for another pool's worker
+                    await pools.hand_over(self)
                 return self.run
             waiting: list[asyncio.Future[Any]] = [*self.tasks]
             if keeper is not None:
@@ -301,6 +305,8 @@ class Drive(ToolCalls):
         return None
 
     def _start(self, action: StartStep) -> tuple[str, Any] | None:
+        if pools.elsewhere(self, action.step_id):
+            return None  # a worker of its pool starts it (pools.hand_over)
         if action.not_before is not None:
             due = datetime.fromisoformat(action.not_before)
             delay = (due - self.x.clock()).total_seconds()
@@ -422,6 +428,8 @@ class Drive(ToolCalls):
             self.run.compensation_failed(action.step_id, action.iteration, "ExpressionError",
                                          action.error)
             return None
+        if pools.elsewhere(self, action.step_id):
+            return None  # a worker of its pool undoes it (pools.hand_over)
         self.compensating.add(key)
         return ("compensation", action)
 
@@ -493,7 +501,8 @@ class Drive(ToolCalls):
         # The append that ends the run may give its lease up too (a run's first append,
         # still to claim it, never does: ending() is None then).
         lease = self.lease
-        ending = lease.ending() if lease is not None and self.run.is_finished else None
+        ending = lease.ending() if lease is not None and (
+            self.run.is_finished or self.handing_over) else None
         if self.x.group is not None:  # a worker's group commit (one commit per turn)
             # it gives the lease up only with a batch of this run alone
             released = await self.x.group.save(self.run, idle=not self.tasks, ending=ending)

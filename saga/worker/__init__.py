@@ -33,6 +33,7 @@ from saga.errors import (
     ToolsMissingError,
 )
 from saga.executor import TOOL_THREADS, Executor, ToolThreads
+from saga.executor.pools import Pools
 from saga.store.application import SagaApplication
 from saga.store.group_commit import GroupCommit
 from saga.store.leases import Claim, Leases, default_worker_id
@@ -77,11 +78,14 @@ class Worker:
                  worker_id: str | None = None,
                  lease_seconds: float = 30.0, concurrency: int = 4,
                  poll_interval: float = 0.5, tick: Callable[[], Any] | None = None,
-                 queues: Mapping[str, QueueLimit] | None = None) -> None:
+                 queues: Mapping[str, QueueLimit] | None = None,
+                 pools: Pools | None = None) -> None:
         """``executor(worker_id, threads)`` makes the executor a drive uses (closed after
         it; its tools run in ``threads``, shared by the worker's drives);
         ``tick()`` runs each time the worker looks for work (firing due schedules);
-        ``queues``: the limits of queues (saga.toml ``[queues.NAME]``)."""
+        ``queues``: the limits of queues (saga.toml ``[queues.NAME]``); ``pools``: the
+        pools whose steps it runs (default: none, and unpooled steps; see
+        :mod:`saga.executor.pools`)."""
         self.tick = tick
         self._next_tick = 0.0  # when schedules are looked at next (monotonic)
         self.queues = dict(queues or {})
@@ -92,7 +96,8 @@ class Worker:
         self.lease_seconds = lease_seconds
         self.concurrency = concurrency
         self.poll_interval = poll_interval
-        self.index = RunIndex(app)
+        self.pools = pools or Pools()
+        self.index = RunIndex(app, serves=self.pools.serves)
         self.driven = 0
         #: The appends of every run this worker drives at once share a commit.
         self.group = GroupCommit(app)
@@ -427,6 +432,7 @@ class Worker:
                 executor = self.make_executor(self.worker_id, self.threads)
                 executor.group = self.group
                 executor.stopping = self._stopping
+                executor.pools = self.pools
                 try:
                     await executor.drive_async(run, lease)
                 finally:

@@ -32,6 +32,7 @@ from saga.domain import (
 )
 from saga.store.application import SagaApplication
 from saga.store.partitions import part_for, parts_of
+from saga.worker import pools
 
 
 @dataclass
@@ -57,6 +58,8 @@ class _Followed:
     #: driving happens to it, or its own time comes.
     held_until: str | None = None
     version: int = 0  # of its last event the index has read
+    #: The pools its steps wait for, by step key (see saga.worker.pools).
+    pools: dict[str, str | None] = field(default_factory=dict)
 
 
 def _times(run: _Followed) -> list[str]:
@@ -102,6 +105,9 @@ class RunIndex:
     _seen: int = 0  # runs the index has begun to follow
     #: Runs not runnable until the next refresh (see :meth:`park`).
     _parked: set[str] = field(default_factory=set)
+    #: Whether the worker runs a step of a pool (None: an unpooled step); a run that
+    #: waits only for pools it does not serve is not runnable here (None: every run is).
+    serves: pools.Serves | None = None
 
     def refresh(self) -> None:
         """Read the log (of every partition) since the last refresh."""
@@ -127,7 +133,8 @@ class RunIndex:
         if kind == "StepCompleted" and followed is not None and followed.takeovers:
             followed.takeovers = 0  # it moves on: no longer a suspect (Run.suspect)
         if kind in _MOVES and followed is not None and followed.seen \
-                and not (followed.waits or followed.retries) and followed.status != "waiting":
+                and not (followed.waits or followed.retries or followed.pools) \
+                and followed.status != "waiting":
             # A step moving in a run that waits for nothing leaves it where it is: most of
             # a fleet's log (each worker follows every other's steps). All the rest of this
             # method would do is mark it begun.
@@ -161,6 +168,7 @@ class RunIndex:
         run.seen = seen
         run.version = version
         run.begun = run.begun or kind in _BEGUN
+        pools.follow(run.pools, kind, lambda: _payload(state), _QUIET)
         if kind in ("RunTimedOut", "CompensationStarted"):
             run.deadline = None
         if kind == "ApprovalRequested":
@@ -268,6 +276,9 @@ class RunIndex:
         all but one would find nothing to do."""
         run = self.runs.get(run_id)
         if run is not None:
+            if pools.served(run.pools, self.serves):  # its holder gives it up for us
+                soon = self.clock() + timedelta(seconds=pools.POOL_RECHECK)
+                until = min(until, soon.isoformat())
             run.held_until = until
             self._place(run_id)
 
@@ -281,6 +292,10 @@ class RunIndex:
         self._wakes.pop(run_id, None)  # its heap entry, if any, is skipped when popped
         run = self.runs.get(run_id)
         if run is None or run.status == "paused":
+            return
+        if pools.served(run.pools, self.serves) is False:  # for another pool's workers
+            now = self.clock().isoformat()
+            self._wake(run_id, [t for t in _times(run) if t > now])
             return
         if run.held_until is not None:
             # Looked at again when the holder's lease is up, or sooner when the run's

@@ -373,6 +373,12 @@ var saga = (function () {
         buttons.appendChild(el("button", {"data-action": "migrate", text: "Migrate…",
           onclick: function () { migrate(run); }}));
       box.appendChild(buttons);
+      (run.waiting_for_pools || []).forEach(function (w) {
+        // a step waits for a worker of its pool (saga worker --pool NAME)
+        box.appendChild(el("p", {"class": "pool-wait", "data-pool": w.pool || ""},
+          "waiting: " + (w.pool ? "pool " + w.pool : "a worker of unpooled steps") + " ("
+          + (w.compensation ? "the undo of step " : "step ") + w.step + ")"));
+      });
       (run.waiting_for_children || []).forEach(function (w) {
         // a decision a child run waits for is made on the child's page
         var what = (w.waiting_for || []).map(function (x) {
