@@ -29,7 +29,7 @@ from typing import Any
 
 from saga.api import Saga
 from saga.config import Settings
-from tests.conformance import model
+from tests.conformance import model, revisions_ops
 
 ROOT = Path(__file__).resolve().parents[2]
 TERMINAL = {"completed", "failed", "compensated", "cancelled"}
@@ -87,6 +87,7 @@ class Simulation:
         self.trace = Trace(run_id=f"SIM-{case['salt']}")
         self.saga: Saga | None = None
         self.no_workers_until = 0.0
+        self.rev = revisions_ops.Revisions(self)  # migrate, reset, label (issue 40)
 
     # -- processes ----------------------------------------------------------------------
 
@@ -199,6 +200,8 @@ class Simulation:
                 self.trace.restarts += 1
         elif name == "read":
             self.read_everything()
+        elif name.partition(":")[0] in revisions_ops.OPS:
+            self.rev.op(name, now)
         else:
             raise ValueError(name)
 
@@ -243,6 +246,7 @@ class Simulation:
     def run(self) -> Trace:
         """Submit, drive under the operations to the end, stop every process."""
         definition = model.composition(self.case, self.dir)
+        self.rev.definition = self.rev.initial = definition
         flow = self.dir / "flow.json"
         flow.write_text(json.dumps(definition, indent=1), encoding="utf-8")
         rid = self.trace.run_id
@@ -263,7 +267,7 @@ class Simulation:
     def _drive(self) -> None:
         rid = self.trace.run_id
         ops = [(float(t), name) for t, name in self.case["ops"]]
-        decided: set[tuple[str, int]] = set()
+        decided: set[tuple[str, tuple[int, int]]] = set()
         signalled = {s["id"] for s in self.case["steps"] if s.get("early")}
         spec = {s["id"]: s for s in self.case["steps"]}
         start = time.monotonic()
@@ -301,22 +305,33 @@ class Simulation:
                     time.sleep(0.2)  # the server restarting: the workers ride it out
                     continue
                 if run.is_finished and ops:
-                    # what is left to do to a finished run only refuses: skip it
+                    # what is left to do to a finished run only refuses: skip it, but for
+                    # one reset (it revives an ended run) and the labels
+                    keep = [o for o in ops if o[1].partition(":")[0] in revisions_ops.AT_END]
+                    keep = [o for o in keep if o[1] != "reset"] + \
+                        [o for o in keep if o[1] == "reset"][:1]
                     self.trace.ops += [f"{t:.2f}s {name} (skipped: run ended)"
-                                       for t, name in ops]
+                                       for t, name in ops if (t, name) not in keep]
                     ops.clear()
+                    for _, name in keep:
+                        self.op(name, now)
+                    if keep:
+                        continue
                 answering = now >= float(self.case.get("answer_delay", 0))
+                # a reset asks its reopened confirmations again, and waits for signals again
+                asked = (self.trace.redrives, self.rev.generation)
+                signalled -= self.rev.take_reopened()
                 for step_id in run.pending_approvals if answering else ():
                     choice = spec.get(step_id, {}).get("confirm")
-                    if choice in ("approve", "reject") and (step_id, self.trace.redrives) \
-                            not in decided:
-                        decided.add((step_id, self.trace.redrives))
+                    if choice in ("approve", "reject") and (step_id, asked) not in decided:
+                        decided.add((step_id, asked))
                         if not self.answer(choice, rid, step_id):
-                            decided.discard((step_id, self.trace.redrives))
+                            decided.discard((step_id, asked))
                 for step_id, s in spec.items():
                     if s["kind"] == "signal" and step_id not in signalled \
                             and not s.get("never") \
-                            and step_id in run.steps and answering:
+                            and step_id in run.steps and answering \
+                            and run.steps[step_id]["status"] not in revisions_ops.SETTLED:
                         signalled.add(step_id)
                         if not self.answer("signal", rid, f"go_{step_id}", "--data",
                                            '{"late": true}'):

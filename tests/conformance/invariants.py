@@ -41,12 +41,13 @@ Each violation names its invariant, and the known break it looks like when it do
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter, defaultdict
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from tests.conformance import model
+from tests.conformance import model, revisions_check
 from tests.conformance.harness import TERMINAL, Simulation, Trace
 
 
@@ -103,7 +104,9 @@ def check(sim: Simulation, trace: Trace) -> list[str]:
     bad += _once(ledger, histories, trace)
     for run_id, h in histories.items():
         undoable = _parent_undoable(case) if run_id == rid else _child_undoable
-        bad += _undo_exact(run_id, h, runs[run_id], ledger, undoable, trace)
+        # up to a reset (issue 40): revisions_check checks the reset's undo and what follows
+        upto, seen = revisions_check.before_reset(h, ledger)
+        bad += _undo_exact(run_id, upto, runs[run_id], seen, undoable, trace)
     bad += _live(status, children, trace)
     bad += _no_harm(histories)
     bad += _projection(sim, runs)
@@ -141,14 +144,18 @@ def _once(ledger: list[dict[str, Any]], histories: dict[str, list[dict[str, Any]
     completed_attempt: dict[str, int] = {}
     interrupted_at: dict[tuple[str, int], float] = {}
     for run_id, h in histories.items():
+        keys: dict[tuple[str, int], str] = {}  # a step execution's key (a reset renews it)
         for e in h:
             p = e["payload"]
+            if e.get("step_id") is not None and "iteration" in p:
+                at = (e["step_id"], p["iteration"])
+                key = keys.get(at, f"{run_id}:{e['step_id']}:{p['iteration']}")
             if e["type"] == "StepStarted":
                 started[run_id].add((p.get("idempotency_key"), p["attempt"]))
+                keys[at] = p.get("idempotency_key") or key
             elif e["type"] == "StepCompleted":
-                completed_attempt[f"{run_id}:{e['step_id']}:{p['iteration']}"] = p["attempt"]
+                completed_attempt[key] = p["attempt"]
             elif e["type"] == "StepFailed" and p.get("error_type") == "Interrupted":
-                key = f"{run_id}:{e['step_id']}:{p['iteration']}"
                 interrupted_at[(key, p["attempt"])] = _ts(e)
     hint = _hint(trace)
     workers = {(p["idempotency_key"], p["attempt"]): p.get("worker", "")
@@ -301,7 +308,8 @@ def _undo_exact(run_id: str, h: list[dict[str, Any]], status: dict[str, Any],
     undone_order = []
     for c in ledger:
         if c["kind"] == "undo" and c["run"] == run_id:
-            it = int(c["key"].rsplit(":", 2)[-2])
+            # RUN:STEP:ITERATION[:resetN]:compensate
+            it = int(re.sub(r"(:reset\d+)?:compensate$", "", c["key"]).rsplit(":", 1)[-1])
             k = c["step"] if not it else f"{c['step']}[{it}]"
             if k not in undone_order:
                 undone_order.append(k)

@@ -63,6 +63,11 @@ OPERATIONS = {
     "churn": "kill a worker every 0.1-0.6 s for a few seconds",
     "outage": "stop every worker (SIGTERM) for 2 s: what an operator does then moves the run",
     "pg_restart": "restart the PostgreSQL server (long mode, on a cluster the test started)",
+    "migrate": "saga migrate RUN --to a new definition, safe or not (tests.conformance"
+               ".revisions_ops): exit 0 exactly when no changed step had started",
+    "reset": "saga reset RUN --to a step (mid-run, or once it ended: failed, compensated or"
+             " completed): undo exactly what is downstream, re-run it under new keys",
+    "label": "saga label RUN k=v k2= beside the workers: the labels end as the last set them",
 }
 
 
@@ -356,7 +361,8 @@ def operations(draw: st.DrawFn, *, horizon: float, churn: bool,
                restarts: bool = False) -> list[list[Any]]:
     """A schedule of ``[seconds after submit, operation]``."""
     kinds = ["kill", "kill", "zombie", "pause", "pause", "read", "read", "resume",
-             "zombie", "resume_notools", "worker_notools", "cancel", "outage"]
+             "zombie", "resume_notools", "worker_notools", "cancel", "outage",
+             "migrate", "migrate", "reset", "label"]
     if churn:
         kinds.append("churn")
     if restarts:
@@ -465,6 +471,14 @@ TARGETED: dict[str, dict[str, Any]] = {
     "graph_undo": _case([_a("s0"), _a("s1", undo="none"), _a("s2", undo="own"), _a("s3"),
                          _a("s4", fail_times=9)], [[0.3, "kill"], [0.8, "read"]], 109,
                         form="graph"),
+    # issue 40: migrations (safe and not) while a worker drives and after a kill, labels,
+    # a reset mid-run and one once the run ended
+    "revisions": _case([_a("s0"), _a("s1", slow=0.4), _a("s2", confirm="approve"),
+                        _a("s3", undo="own", slow=0.3), _a("s4", undo="none"), _a("s5")],
+                       [[0.2, "migrate:change"], [0.4, "label"], [0.9, "migrate:change_started"],
+                        [1.2, "reset"], [1.6, "migrate:race"], [1.8, "label"],
+                        [2.0, "migrate:reorder_started"], [5.0, "reset"]], 112,
+                       answer_delay=3.0),
     # break 7: a worker stopped past its lease in the middle of a chain of calls
     "zombie": _case([_a(f"s{i}", slow=0.05 if i % 3 else 0.4) for i in range(12)],
                     [[0.3, "zombie"], [1.6, "zombie"]], 107, workers=2),

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, Phase
 from hypothesis import settings as hsettings
 
 from saga.config import Settings
-from tests.conformance import model
+from tests.conformance import model, revisions_check
 from tests.conformance.harness import Simulation
 from tests.conformance.invariants import check, describe
 
@@ -103,7 +103,7 @@ def simulate(case: dict[str, Any], store: str) -> None:
         r = sim.cli("db", "init")
         assert r.returncode == 0, r.stderr
         trace = sim.run()
-        bad = check(sim, trace)
+        bad = check(sim, trace) + revisions_check.check(sim, trace)
         if bad:  # keep the histories: the store goes with this block
             for run_id in {trace.run_id, *trace.children}:
                 out = sim.cli("history", run_id, "--json").stdout
@@ -115,6 +115,8 @@ def simulate(case: dict[str, Any], store: str) -> None:
                                 "ops": len(trace.ops), "kills": len(trace.killed),
                                 "zombies": len(trace.stopped), "reads": trace.reads,
                                 "commands": trace.commands, "restarts": trace.restarts,
+                                "migrations": len(sim.rev.migrations),
+                                "resets": len(sim.rev.resets), "labels": sim.rev.labelled,
                                 "failed": bool(bad)}) + "\n")
     if bad:
         saved = FAILURES / f"failed-{store}-{case['salt']}.json"
