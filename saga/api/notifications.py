@@ -7,15 +7,18 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from saga.composition.notify import notify_settings
+from saga.composition.notify_config import notify_settings
 from saga.config import Settings
 from saga.domain import run_uuid
+from saga.lazy import lazy
 from saga.store.outbox import Outbox
 from saga.store.side_tables import Row
 
 if TYPE_CHECKING:
     from saga.store.application import SagaApplication
-    from saga.worker.notify import Notifier
+    from saga.worker import notify as notify_
+else:
+    notify_ = lazy("saga.worker.notify")  # a worker's part: loaded when one starts
 
 #: What a listing shows of a notification (its body and lease are left out).
 SHOWN = ("id", "type", "run_id", "event_id", "target", "status", "attempts", "created_at",
@@ -87,8 +90,6 @@ class NotificationCommands:
         finally:
             outbox.close()
 
-    def notifier(self, worker_id: str, **kwargs: Any) -> Notifier:
+    def notifier(self, worker_id: str, **kwargs: Any) -> notify_.Notifier:
         """The notifier a worker starts beside its drives (not started yet)."""
-        from saga.worker.notify import Notifier  # a worker's part: loaded when one starts
-
-        return Notifier(self.app, self.settings, worker_id, **kwargs)
+        return notify_.Notifier(self.app, self.settings, worker_id, **kwargs)

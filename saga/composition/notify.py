@@ -1,6 +1,7 @@
 """Where news of a run goes: the ``notify:`` targets of a composition and saga.toml's
 ``[[notify]]`` entries, and the ``[notifications]`` settings their delivery follows.
 
+saga.toml's entries and settings are read by :mod:`saga.composition.notify_config`.
 A target is a webhook: a URL, the kinds of news it wants (:data:`NOTIFY_EVENTS`), an
 optional filter (definition names, labels) and the environment variable that holds its
 signing secret. The secret itself is never written anywhere saga records: only its
@@ -11,14 +12,10 @@ is accepted only to loopback, unless a target says ``allow_insecure``.
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-
-from saga.config import Settings
-from saga.errors import ConfigError
 
 #: The kinds of news a target may ask for, each derived from one event of a run.
 NOTIFY_EVENTS = ("run.completed", "run.failed", "run.compensated", "run.waiting",
@@ -101,67 +98,6 @@ def url_problem(url: str, allow_insecure: bool = False) -> str | None:
         return (f"url {url!r} is plain http to a host that is not loopback: use https, "
                 "or set allow_insecure = true")
     return None
-
-
-@dataclass(frozen=True)
-class NotifySettings:
-    """saga.toml's ``[notifications]``: how long a notification is retried (``horizon``,
-    from its event's time), the longest wait between attempts (``backoff_max``), one
-    request's ``timeout``, and the viewer's address (``url_of_runs``) that bodies link
-    runs to (``<url_of_runs>/runs/<run id>``)."""
-
-    horizon: float = 86400.0
-    backoff_max: float = 600.0
-    timeout: float = 10.0
-    url_of_runs: str | None = None
-
-
-def notify_settings(settings: Settings) -> NotifySettings:
-    """The ``[notifications]`` settings (ConfigError when one is not a duration)."""
-    from saga.composition.definition import parse_duration  # it imports this module
-
-    table = settings.file.get("notifications") or {}
-    if not isinstance(table, dict):
-        raise ConfigError('[notifications] must be a table: horizon = "24h"')
-    unknown = set(table) - {"horizon", "backoff_max", "timeout", "url_of_runs"}
-    if unknown:
-        raise ConfigError(f"[notifications] takes horizon, backoff_max, timeout and "
-                          f"url_of_runs, not {', '.join(sorted(unknown))}")
-    times: dict[str, float] = {}
-    for name in ("horizon", "backoff_max", "timeout"):
-        if name in table:
-            try:
-                seconds = parse_duration(table[name])
-            except (TypeError, ValueError):
-                seconds = None
-            if not seconds:
-                raise ConfigError(f"[notifications] {name} must be a duration such as "
-                                  f"'90s', '10m' or '24h', not {table[name]!r}")
-            times[name] = seconds
-    base = table.get("url_of_runs")
-    return NotifySettings(**times, url_of_runs=str(base).rstrip("/") if base else None)
-
-
-def config_targets(settings: Settings) -> list[NotifyTarget]:
-    """saga.toml's ``[[notify]]`` entries, every problem reported at once."""
-    entries = settings.file.get("notify") or []
-    if isinstance(entries, dict):
-        entries = [entries]
-    if not isinstance(entries, list):
-        raise ConfigError('[[notify]] must be a list of tables: url = "https://...", '
-                          'events = ["run.failed"], secret_env = "HOOK_SECRET"')
-    targets, problems = [], []
-    for index, entry in enumerate(entries):
-        try:
-            targets.append(NotifyTarget.model_validate(entry))
-        except ValidationError as e:
-            for err in e.errors():
-                where = ".".join(str(p) for p in err["loc"])
-                problems.append(f"[[notify]] #{index + 1}{' ' + where if where else ''}: "
-                                f"{err['msg'].removeprefix('Value error, ')}")
-    if problems:
-        raise ConfigError("; ".join(problems))
-    return targets
 
 
 def definition_targets(definition: Any) -> list[NotifyTarget]:

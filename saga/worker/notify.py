@@ -33,14 +33,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from saga.composition.notify import (
-    NotifySettings,
-    NotifyTarget,
-    config_targets,
-    definition_targets,
-    notify_settings,
-    url_problem,
-)
+from saga.composition.notify import NotifyTarget, definition_targets, url_problem
+from saga.composition.notify_config import NotifySettings, config_targets, notify_settings
 from saga.config import Settings
 from saga.domain import TOPIC_PREFIX, event_name, run_uuid
 from saga.errors import StoreUnavailableError
