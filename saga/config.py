@@ -74,6 +74,46 @@ def parse_queues(table: Any) -> dict[str, QueueLimit]:
 
 
 @dataclass(frozen=True)
+class ResourceLimit:
+    """What saga.toml's ``[resources.NAME]`` allows the calls of steps that name the
+    resource, across every worker together: ``concurrency`` calls at once, and a token
+    bucket of ``burst`` tokens refilled at ``rate`` per ``per`` seconds (a call takes one)."""
+
+    concurrency: int | None = None
+    rate: int | None = None
+    per: float | None = None
+    burst: int | None = None
+
+
+def parse_resources(table: Any) -> dict[str, ResourceLimit]:
+    """``[resources.NAME]`` tables (``concurrency = N``, ``rate = "5/s"`` or ``"R/min"``,
+    ``burst = N``: tokens at most, the rate's count by default) as limits."""
+    if not isinstance(table, dict | None):
+        raise ConfigError("[resources] must hold tables: [resources.NAME] concurrency = 2")
+    limits = {}
+    for name, spec in (table or {}).items():
+        if not isinstance(spec, dict) or set(spec) - {"concurrency", "rate", "burst"} \
+                or not spec:
+            raise ConfigError(f"[resources.\"{name}\"] takes concurrency = N, rate = "
+                              "\"N/s\" (or N/min) and burst = N")
+        for key in ("concurrency", "burst"):
+            value = spec.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise ConfigError(f"[resources.\"{name}\"] {key} must be a positive integer")
+        try:
+            rate, per = (None, None) if spec.get("rate") is None else parse_rate(
+                re.sub(r"(?<=[0-9/ ])(min|minute)s?\s*$|sec\s*$", lambda m: m.group(0)[0],
+                       str(spec["rate"])))
+        except ConfigError:
+            raise ConfigError(f"[resources.\"{name}\"] rate {spec['rate']!r} must look like "
+                              "\"5/s\" or \"100/min\"") from None
+        limits[str(name)] = ResourceLimit(spec.get("concurrency"), rate, per,
+                                          spec.get("burst") or rate)
+    return limits
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything configurable, resolved."""
 
@@ -120,6 +160,8 @@ class Settings:
     expression_max_memory: int | None = None
     #: Limits per queue (saga.toml ``[queues.NAME]``); a queue not named has none.
     queues: dict[str, QueueLimit] = field(default_factory=dict)
+    #: Limits per resource (saga.toml ``[resources.NAME]``); a resource not named has none.
+    resources: dict[str, ResourceLimit] = field(default_factory=dict)
     #: PostgreSQL recorder: "xid" (no table lock; see saga.store.pg_recorder; the
     #: default) or "library" (eventsourcing's own, which serialises writers on a table lock).
     pg_recorder: str = "xid"
@@ -279,6 +321,7 @@ def load_settings(env: Mapping[str, str] | None = None, cwd: Path | None = None,
             secrets_allow=tuple(str(n) for n in (data.get("secrets") or {}).get("allow", [])
                                 if isinstance(data.get("secrets"), dict)),
             queues=parse_queues(data.get("queues")),
+            resources=parse_resources(data.get("resources")),
             pg_recorder=env.get("SAGA_PG_RECORDER") or database.get("recorder", "xid"),
             pg_commit=env.get("SAGA_PG_COMMIT") or database.get("commit", "wait"),
             file=data,
