@@ -11,15 +11,19 @@ being driven: :meth:`Leases.claim_queued` counts them, and the queue's recent st
 (a transaction-scoped advisory lock in PostgreSQL; SQLite's ``BEGIN IMMEDIATE``
 serialises every writer), so a queue's limits hold across every worker together.
 
+A lease also ends with its holder's process when the holder registered its liveness
+(a worker does; see :mod:`saga.store.liveness`): a claim takes an unexpired lease whose
+holder's lock is gone, so a killed worker's runs move on in about a second, not a lease.
+
 A claim is an ordinary (flushed) commit. A run never saved yet may instead be claimed by
 the statement that appends its first events (:class:`LeaseClaim`, on PostgreSQL with
 saga's recorder): the lease and the run appear in one commit, one round trip fewer. In
 the same way, the append that ends a run may give its lease up (:class:`LeaseRelease`).
-Renewals and releases commit without waiting for their WAL flush (PostgreSQL; see
-:meth:`Database.execute`): a server crash can only lose one that no later commit
-flushed, which moves the lease's expiry (a release lost: the run waits for its lease to
-expire; a renewal lost: it may be taken over early, which the version fence already
-covers, as for any expired lease).
+Releases wait for their WAL flush, as claims do: one lost in a server crash would leave
+its run to wait for the lease to expire. Renewals commit without waiting for theirs
+(PostgreSQL; see :meth:`Database.execute`): a server crash can only lose one that no
+later commit flushed, and a renewal lost moves the lease's expiry back, so the run may
+be taken over early, which the version fence already covers, as for any expired lease.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from typing import Any, Literal
 from saga.config import QueueLimit
 from saga.domain import ENDINGS, TOPIC_PREFIX, run_uuid
 from saga.errors import LeaseHeldError, StoreUnavailableError
+from saga.store.liveness import WORKERS_DDL, beside, dead_sql, lock_folder, register_sqlite
 from saga.store.side_tables import Database
 
 log = logging.getLogger("saga.store")
@@ -54,7 +59,8 @@ LEASE_DDL = ("""CREATE TABLE IF NOT EXISTS saga_leases (
 
 
 #: When a claim takes a lease: nobody holds it, its holder's has expired, or it is ours
-#: already (``{now}``: the parameter of the time now). Every claim is this upsert.
+#: already, or (``{dead}``, when given) its holder's process is gone (``{now}``: the
+#: parameter of the time now). Every claim is this upsert.
 #: A claim taking the lease from another worker keeps that worker and its lease's expiry
 #: (``prev_worker``, ``prev_expires``): its last renewal is the last sign of life a dead
 #: worker left, which a takeover records (see :meth:`Leases.previous`).
@@ -64,14 +70,22 @@ _TAKE = ("ON CONFLICT (run_id) DO UPDATE SET worker = excluded.worker, "
          "THEN saga_leases.prev_worker ELSE saga_leases.worker END, "
          "prev_expires = CASE WHEN saga_leases.worker = excluded.worker "
          "THEN saga_leases.prev_expires ELSE saga_leases.expires_at END "
-         "WHERE saga_leases.expires_at < {now} OR saga_leases.worker = excluded.worker")
+         "WHERE saga_leases.expires_at < {now} OR saga_leases.worker = excluded.worker"
+         "{dead}")
 
 
-def claim_sql(table: str = "saga_leases", mark: str = "?") -> str:
+def _take(now: str, dead: str = "") -> str:
+    """:data:`_TAKE`, taking leases whose holders are ``dead`` (SQL, or none)."""
+    return _TAKE.format(now=now, dead=f" OR {dead}" if dead else "")
+
+
+def claim_sql(table: str = "saga_leases", mark: str = "?", dead: str = "") -> str:
     """The claim of one run's lease (parameters: run id, worker, expiry, queue, now) in
-    ``table`` (``saga_leases``, schema-qualified or not), ``mark`` marking parameters."""
+    ``table`` (``saga_leases``, schema-qualified or not), ``mark`` marking parameters;
+    ``dead``: the condition (:func:`~saga.store.liveness.dead_sql` of
+    ``saga_leases.worker``) under which an unexpired lease's holder is gone."""
     return (f"INSERT INTO {table} (run_id, worker, expires_at, queue) "
-            f"VALUES ({mark}, {mark}, {mark}, {mark}) " + _TAKE.format(now=mark))
+            f"VALUES ({mark}, {mark}, {mark}, {mark}) " + _take(mark, dead))
 
 
 def release_sql(table: str = "saga_leases", mark: str = "?", count: int = 1,
@@ -100,6 +114,7 @@ def claim_first_sql(*, versions: bool, leases: str = "saga_leases",
     :func:`claim_sql` takes them, and the mark of the arrays (psycopg's ``%b`` sends
     them in binary: a third of the client's CPU of text, which quotes each element)."""
     arrays = array_mark or mark
+    workers = beside(leases, "saga_workers")  # a holder's liveness (PostgreSQL's)
     # Ended runs are looked for in claim order, only until enough others are found
     # (OFFSET 0 keeps the check above the sort), each by one probe of its primary key
     # (a scalar subquery: as NOT EXISTS the planner may join the table instead).
@@ -110,17 +125,19 @@ def claim_first_sql(*, versions: bool, leases: str = "saga_leases",
     return (
         f"WITH c AS (SELECT r, q, v, o FROM unnest({arrays}::text[], {arrays}::text[], "
         f"{arrays}::bigint[]) WITH ORDINALITY AS c(r, q, v, o)), "
-        # as a claim sees a lease: another worker's, not expired (the complement of
-        # _TAKE's condition)
+        # as a claim sees a lease: another worker's, not expired, its holder alive (the
+        # complement of _TAKE's condition)
         f"h AS (SELECT l.run_id, l.expires_at FROM {leases} AS l JOIN c "
-        f"ON l.run_id = c.r WHERE l.expires_at >= {mark} AND l.worker <> {mark}), "
+        f"ON l.run_id = c.r WHERE l.expires_at >= {mark} AND l.worker <> {mark} "
+        f"AND NOT {dead_sql('l.worker', True, workers)}), "
         f"t AS (INSERT INTO {leases} (run_id, worker, expires_at, queue) "
         f"SELECT r, {mark}, {mark}, q FROM (SELECT r, q FROM "
         + ("c " if not versions else "(SELECT r, q, v, o FROM c ") +
         "WHERE r NOT IN (SELECT run_id FROM h) ORDER BY o "
         + ended + f"LIMIT {mark}) AS p "
         # one order for every worker's claims: two can wait, but never deadlock
-        "ORDER BY r " + _TAKE.format(now=mark) + " RETURNING run_id) ")
+        "ORDER BY r " + _take(mark, dead_sql("saga_leases.worker", True, workers))
+        + " RETURNING run_id) ")
 
 
 def claim_first_args(run_ids: Sequence[str], count: int, worker: str, seconds: float,
@@ -131,7 +148,6 @@ def claim_first_args(run_ids: Sequence[str], count: int, worker: str, seconds: f
             now + seconds, *(() if versions is None else (_ENDING_TOPICS,)), count, now)
 
 
-_CLAIM = claim_sql()
 #: A run's store key as text (a lowercase UUID), which needs no parsing.
 _KEY = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
@@ -165,18 +181,25 @@ class Leases:
     def __init__(self, db: Database, clock: Callable[[], float] = time.time) -> None:
         self.db = db
         self.clock = clock
+        #: The liveness each worker of this process holds, by worker id (see
+        #: saga.store.liveness): its leases count only while it holds it.
+        self.bindings: dict[str, Any] = {}
+        if not db.pg:
+            register_sqlite(db.conn, lock_folder(db))
+        self._dead = dead_sql("saga_leases.worker", db.pg)
+        self._claim = claim_sql(dead=self._dead)
         # "queue": a column a table from before queues lacks
         db.create(LEASE_DDL[:1], {"saga_leases": {"queue": "TEXT", "prev_worker": "TEXT",
                                                   "prev_expires": "DOUBLE PRECISION"}},
-                  LEASE_DDL[1:])
+                  LEASE_DDL[1:] + WORKERS_DDL)
 
     def claim(self, run_id: str, worker: str, seconds: float,
               queue: str | None = None) -> bool:
         """Take (or extend) the lease unless another worker holds an unexpired one; the
         lease counts in ``queue`` (None: in none, as a child run's)."""
         now = self.clock()
-        return self.db.execute(_CLAIM, (lease_key(run_id), worker, now + seconds, queue,
-                                        now)) == 1
+        return self.db.execute(self._claim, (lease_key(run_id), worker, now + seconds,
+                                             queue, now)) == 1
 
     def claim_queued(self, run_id: str, worker: str, seconds: float, queue: str,
                      limit: QueueLimit, *, start: bool) -> Claim:
@@ -203,7 +226,7 @@ class Leases:
                             (queue,))
                 if cur.fetchone()[0] >= (limit.rate or 0):
                     return "rate"
-            cur.execute(db.sql(_CLAIM), (run_id, worker, now + seconds, queue, now))
+            cur.execute(db.sql(self._claim), (run_id, worker, now + seconds, queue, now))
             if cur.rowcount != 1:
                 return "held"
             if counted:
@@ -264,14 +287,23 @@ class Leases:
         return {keys[r["run_id"]]: (r["worker"], float(r["expires_at"])) for r in rows}
 
     def held_by_others(self, run_ids: list[str], worker: str) -> dict[str, float]:
-        """The expiry (POSIX time) of each unexpired lease of these runs that a worker
-        other than ``worker`` holds, as a claim sees it (it could not take those)."""
-        now = self.clock()
-        return {r: expires for r, (holder, expires) in self.holders(run_ids).items()
-                if holder != worker and expires >= now}
+        """The expiry (POSIX time) of each unexpired lease of these runs that a live
+        worker other than ``worker`` holds, as a claim sees it (it could not take those)."""
+        if not run_ids:
+            return {}
+        keys = {lease_key(r): r for r in run_ids}
+        rows = self.db.query(
+            "SELECT run_id, expires_at FROM saga_leases WHERE run_id IN "
+            f"({', '.join('?' * len(keys))}) AND worker <> ? AND expires_at >= ? "
+            f"AND NOT {self._dead}", [*keys, worker, self.clock()])
+        return {keys[r["run_id"]]: float(r["expires_at"]) for r in rows}
 
     def renew(self, run_id: str, worker: str, seconds: float) -> bool:
-        """Extend a lease this worker holds; False if it was taken over."""
+        """Extend a lease this worker holds; False if it was taken over, or this worker
+        lost its liveness (others may take its runs at any time until it has it again)."""
+        binding = self.bindings.get(worker)
+        if binding is not None and not binding.alive:
+            return False
         return self.db.execute(
             "UPDATE saga_leases SET expires_at = ? WHERE run_id = ? AND worker = ?",
             (self.clock() + seconds, lease_key(run_id), worker), flush=False) == 1
@@ -281,11 +313,12 @@ class Leases:
         self.release_many([run_id], worker)
 
     def release_many(self, run_ids: Sequence[str], worker: str) -> None:
-        """Give up the leases this worker holds on these runs, in one statement."""
+        """Give up the leases this worker holds on these runs, in one statement that
+        waits for its flush (see the module docs)."""
         if run_ids:
             self.db.execute(release_sql(count=len(run_ids),
                                         ordered=self.db.pg and len(run_ids) > 1),
-                            (worker, *map(lease_key, run_ids)), flush=False)
+                            (worker, *map(lease_key, run_ids)))
 
     def holder(self, run_id: str) -> tuple[str, float] | None:
         """(worker, expires_at) of the current lease, if any."""
@@ -371,7 +404,11 @@ class Lease:
     def fresh(self, margin: float) -> bool:
         """Whether the lease is surely held for ``margin`` seconds more, by this
         process's clock alone (no round trip): renewed recently enough, or still to be
-        claimed by the run's first append."""
+        claimed by the run's first append; never while this worker has lost its
+        liveness (a renewal then says the lease is lost)."""
+        binding = self.leases.bindings.get(self.worker)
+        if binding is not None and not binding.alive:
+            return False
         return self.claim is not None or self.leases.clock() < self.expires - margin
 
     def previous(self) -> tuple[str, float] | None:

@@ -37,6 +37,7 @@ from saga.executor.pools import Pools
 from saga.store.application import SagaApplication
 from saga.store.group_commit import GroupCommit
 from saga.store.leases import Claim, Leases, default_worker_id
+from saga.store.liveness import Liveness
 from saga.store.reconnect import backoff
 from saga.telemetry import metrics
 from saga.worker.index import RunIndex
@@ -96,6 +97,8 @@ class Worker:
         self.lease_seconds = lease_seconds
         self.concurrency = concurrency
         self.poll_interval = poll_interval
+        #: What dies with this process, so its runs move on at once (saga.store.liveness).
+        self.liveness = Liveness(leases.db, self.worker_id, leases.bindings)
         self.pools = pools or Pools()
         self.index = RunIndex(app, serves=self.pools.serves)
         self.driven = 0
@@ -137,6 +140,7 @@ class Worker:
         Once ``stop()`` is true the worker claims nothing more, and its drives finish the
         calls they have in flight, record them and end (see
         :class:`saga.executor.drive.Drive`); :meth:`halt` cuts that short."""
+        self.liveness.start(self.lease_seconds)  # a process with this id must be gone
         try:
             return asyncio.run(self._run(until_idle, stop or (lambda: False)))
         except asyncio.CancelledError:  # halted
@@ -144,6 +148,7 @@ class Worker:
         finally:
             self._running = None
             self.threads.close()
+            self.liveness.stop()
 
     def halt(self) -> None:
         """Stop at once, from a signal handler or another thread: the drives are
@@ -225,6 +230,8 @@ class Worker:
             except Exception:  # a broken schedule must not stop the worker's runs
                 log.exception("firing due schedules failed")
         self._release_ended()
+        for run_id in self.liveness.sweep():  # their holders died: runnable now
+            self.index.held(run_id, self.index.clock().isoformat())
         while self._failed:  # else the next look drives it again, and fails, at once
             self._held_elsewhere({self._failed.popleft(): self.leases.clock() + HELD_RECHECK})
         while self._lacking:
