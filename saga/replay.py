@@ -161,6 +161,13 @@ def _check(plan: Plan, run: Run, event: Any) -> Divergence | None:
         return None if any(pools.matches(need, event.__dict__) for need in
                            pools.needs(plan, expected)) else Divergence(
             event.originator_version, kind, _payload(event), [a.describe() for a in expected])
+    if kind == "StepWaitingForResource":  # a start the scheduler decides waits for a slot
+        start = (event.step_id, event.iteration, event.attempt)
+        if any(isinstance(a, scheduler.StartStep)
+               and (a.step_id, a.iteration, a.attempt) == start for a in expected):
+            return None
+        return Divergence(event.originator_version, kind, _payload(event),
+                          [a.describe() for a in expected])
     if any(action.matches(kind, event) for action in expected):
         return None
     return Divergence(event.originator_version, kind, _payload(event),

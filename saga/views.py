@@ -11,6 +11,7 @@ from typing import Any
 from saga.composition import plan_of
 from saga.domain import ENDINGS, Run, run_uuid, step_key
 from saga.domain.pools import recorded_waits
+from saga.domain.resources import resource_waits
 from saga.errors import InputError, Problem, RunNotFoundError
 from saga.scheduler import pools
 from saga.scheduler.policy import not_undone
@@ -60,6 +61,8 @@ def run_summary(run: Run, steps: bool = True) -> dict[str, Any]:
         out["migrations"] = run.__dict__["migrations"]
     if run.context.get("labels"):  # as they are now (saga label changes them)
         out["labels"] = run.context["labels"]
+    if resource_waits(run):  # steps waiting for a resource slot (StepWaitingForResource)
+        out["waiting_for_resources"] = resource_waits(run)
     if run.pending_approvals and not run.is_finished:  # a finished run waits for nobody
         out["waiting_for"] = run.pending_approvals
     if recorded_waits(run) and not run.is_finished:  # steps waiting for a worker's pool

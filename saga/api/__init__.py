@@ -57,6 +57,7 @@ from saga.store import (
     wait_for_lease,
 )
 from saga.store.heartbeats import Heartbeats, show_heartbeats
+from saga.store.resources import ResourceSlots
 from saga.telemetry import metrics, tracing
 from saga.tools import Registry, load_registry, modules_of
 from saga.views import check_moments, row_summary, run_summary, waits_of
@@ -65,9 +66,11 @@ if TYPE_CHECKING:
     from saga import audit, replay
     from saga import schedules as schedules_
     from saga import worker as worker_
+    from saga.worker import resources as worker_resources
 else:  # loaded when first used: a run started here needs none of them (saga.lazy)
     audit, replay = lazy("saga.audit"), lazy("saga.replay")
     schedules_, worker_ = lazy("saga.schedules"), lazy("saga.worker")
+    worker_resources = lazy("saga.worker.resources")
 
 log = logging.getLogger("saga")
 
@@ -139,10 +142,13 @@ class Saga(RunCommands, NotificationCommands):
         """An executor over this store and registry (recording ``worker`` on its starts;
         waiting out in-process only waits up to ``hold`` seconds, default
         ``settings.hold_seconds``; its tools run in ``threads``, default :attr:`threads`)."""
-        return Executor(self.app, self.registry, worker=worker or self.worker, on_events=on_events,
-                        cache=self.cache, undo=self.undo_store, threads=threads or self.threads,
-                        hold=self.settings.hold_seconds if hold is None else hold,
-                        watch_every=self.settings.watch_seconds)
+        executor = Executor(self.app, self.registry, worker=worker or self.worker,
+                            on_events=on_events, cache=self.cache, undo=self.undo_store,
+                            threads=threads or self.threads,
+                            hold=self.settings.hold_seconds if hold is None else hold,
+                            watch_every=self.settings.watch_seconds)
+        executor.resources = self.resources if self.settings.resources else None
+        return executor
 
     @property
     def schedules(self) -> schedules_.Schedules:
@@ -194,6 +200,18 @@ class Saga(RunCommands, NotificationCommands):
         found: Heartbeats | None = self.__dict__.get("_heartbeats")
         if found is None or found.db is not self._db:
             found = self.__dict__["_heartbeats"] = Heartbeats(self._db)
+        return found
+
+    @property
+    def resources(self) -> ResourceSlots:
+        """The slots of saga.toml's ``[resources.NAME]`` limits, held in the store
+        (``saga_resource_slots``; see :mod:`saga.store.resources`)."""
+        self.leases  # noqa: B018 - opens the side connection the tables share
+        assert self._db is not None
+        found: ResourceSlots | None = self.__dict__.get("_resources")
+        if found is None or found.db is not self._db:
+            found = self.__dict__["_resources"] = ResourceSlots(self._db,
+                                                                self.settings.resources)
         return found
 
     def load(self, source: str | Path | Mapping[str, Any]) -> Plan:
@@ -413,9 +431,12 @@ class Saga(RunCommands, NotificationCommands):
     def worker_loop(self, **kwargs: Any) -> worker_.Worker:
         """A worker over this store (see :class:`saga.worker.Worker`)."""
         self.schedules  # noqa: B018 - its table is made before the worker's first look
-        return worker_.Worker(self.app, self.leases, lambda w, threads: self.executor(
+        found = worker_.Worker(self.app, self.leases, lambda w, threads: self.executor(
             worker=w, hold=worker_.WORKER_HOLD, threads=threads),
             tick=self.fire_schedules, **{"queues": self.settings.queues, **kwargs})
+        if self.settings.resources:  # a run waiting for a slot is held off till it may have one
+            found.resources = worker_resources.ResourceWaits(self.resources)
+        return found
 
     def get(self, run_id: str, version: int | None = None) -> Run:
         """The run as recorded (``run_id`` may be a unique prefix of its id), loaded once:
@@ -518,6 +539,12 @@ class Saga(RunCommands, NotificationCommands):
                                     until=until, prefix=prefix, offset=offset)
         runs = [row_summary(row) for row in rows]
         return [r for r in runs if all(r["labels"].get(k) == v for k, v in wanted.items())]
+
+    def resource_usage(self) -> dict[str, tuple[int, int, int | None]]:
+        """Each resource saga.toml limits, as the store holds it now (every worker's
+        calls): ``(slots in use, calls waiting, concurrency)``."""
+        return {name: (u.in_use, u.waiting, u.limit.concurrency)
+                for name, u in self.resources.usage().items()}
 
     def lag(self) -> int:
         """How many events the read model has not applied yet."""

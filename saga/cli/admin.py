@@ -68,6 +68,8 @@ def worker(concurrency: int, until_idle: bool, worker_id: str | None,
     if metrics_port is not None:
         exported = metrics.enable()
         exported.watch_lag(saga.lag)
+        if saga.settings.resources:  # slots in use and waiters, as the store holds them
+            exported.watch_resources(saga.resource_usage)
         server = exported.serve(metrics_port, metrics_host)
         note(f"metrics on http://{metrics_host}:{server.server_port}/metrics")
     saga.sync_schedules()

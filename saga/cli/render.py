@@ -169,6 +169,9 @@ def _summary_parts(summary: dict[str, Any]) -> tuple[list[Any], list[tuple[str, 
             lines.append(_escape(f"waiting: saga approve {summary['run_id']} {step}"))
     for wait in summary.get("waiting_for_pools") or ():
         lines.append(_escape(_pool_wait(wait)))
+    for wait in summary.get("waiting_for_resources") or ():
+        lines.append(_escape(f"waiting: resource {', '.join(wait['resources'])} (step "
+                             f"{wait['step']}, since {wait['since']})"))
     for child in summary.get("waiting_for_children") or ():
         what = ", ".join(_child_wait(child["run_id"], w) for w in child["waiting_for"])
         lines.append(_escape(f"waiting: step {child['step']} waits for child run "

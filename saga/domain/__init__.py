@@ -1,7 +1,8 @@
 """The domain: the ``Run`` aggregate (:mod:`~saga.domain.run`) and the vocabulary every
 stage speaks about runs (:mod:`~saga.domain.vocabulary`)."""
 
-from saga.domain import heartbeats, pools, revisions, waits  # attach their events to Run
+# attach their events to Run
+from saga.domain import heartbeats, pools, resources, revisions, waits
 from saga.domain.run import Run
 from saga.domain.vocabulary import (
     COMMANDS,
@@ -65,6 +66,7 @@ __all__ = [
     "priority_of",
     "queue_of",
     "queue_options",
+    "resources",
     "revisions",
     "run_uuid",
     "status_after",

@@ -35,7 +35,8 @@ EVENT_TYPES = (
     "RunPaused", "RunUnpaused", "StepWaiting", "SignalReceived", "RunTimedOut",
     "RetentionApplied", "RunTakenOver", "DefinitionMigrated", "RunLabelled", "RunReset",
     "StepsReopened", "HeartbeatRecorded",
-    "StepAwaitingPool")
+    "StepAwaitingPool",
+    "StepWaitingForResource")
 
 
 TOPIC_PREFIX = "saga."

@@ -31,6 +31,7 @@ from saga.store.application import SagaApplication
 from saga.store.cache import ToolCache
 from saga.store.group_commit import GroupCommit
 from saga.store.heartbeats import Heartbeats
+from saga.store.resources import ResourceSlots
 from saga.store.side_tables import Database
 from saga.store.undo import UndoStore
 from saga.tools import Registry
@@ -197,6 +198,9 @@ class Executor:
         self.stopping: asyncio.Event | None = None
         #: Set by a worker: the pools it serves (None: every step; see executor.pools).
         self.pools: Pools | None = None
+        #: The store's resource slots (saga.toml ``[resources]``; None: nothing limited),
+        #: taken before the steps that name a resource start (see executor.resources).
+        self.resources: ResourceSlots | None = None
         self.watch_every = watch_every
         self._own_threads = threads is None
         self.threads = ToolThreads(max_threads) if threads is None else threads

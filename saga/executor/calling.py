@@ -20,7 +20,7 @@ from saga.composition import Plan
 from saga.domain import Run
 from saga.domain.revisions import key_of
 from saga.errors import ToolError
-from saga.executor import calls, heartbeats, outputs
+from saga.executor import calls, heartbeats, outputs, resources
 from saga.executor.calls import Outcome
 from saga.scheduler import CompensateStep, RunRemedy, StartStep
 from saga.telemetry import metrics, scope, tracing
@@ -59,8 +59,8 @@ class ToolCalls:
             coro = self._timer(action, delay)
             ident = (kind, action.step_id, action.iteration, action.attempt)
         elif kind == "step":
-            coro = self._observed("saga.step", payload, payload.attempt,
-                                  self._call_step(payload))
+            coro = resources.holding(self, payload, self._observed(
+                "saga.step", payload, payload.attempt, self._call_step(payload)))
             ident = (kind, payload.step_id, payload.iteration, payload.attempt)
             if self.run.suspect and self.lease is not None:
                 self.alive = asyncio.ensure_future(self._renew_soon())

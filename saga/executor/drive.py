@@ -19,7 +19,7 @@ from saga.composition import Plan
 from saga.composition.definition import Step
 from saga.domain import Run, StepState, step_key
 from saga.errors import ConcurrentWriteError, LeaseLostError
-from saga.executor import calls, incoming, nesting, outputs, pools
+from saga.executor import calls, incoming, nesting, outputs, pools, resources
 from saga.executor.calling import ToolCalls
 from saga.executor.calls import Outcome
 from saga.executor.waits import abandon_wait, wait_length
@@ -161,6 +161,7 @@ class Drive(ToolCalls):
             for task in [*self.tasks, keeper, stop, self.alive]:
                 if task is not None:
                     task.cancel()
+            resources.close(self)  # slots not used go; a run still waiting is let go
             if self.watched:
                 incoming.unwatch(self)
             if keeper is not None and keeper.done() and not keeper.cancelled():
@@ -173,6 +174,7 @@ class Drive(ToolCalls):
         while True:
             draining = self.stopping is not None and self.stopping.is_set()
             launches = [] if draining else self._advance()
+            launches += await resources.admit(self)  # the starts that got their slots
             if self.nests:  # nothing outlives its parent: ended before its end is durable
                 await nesting.end_children(self.x, self.plan, self.run, self.children,
                                            [i for i in self.tasks.values() if i[0] == "step"])
@@ -318,6 +320,8 @@ class Drive(ToolCalls):
                     self.timers.add(marker)
                     return ("timer", (action, delay))
                 return None
+        if not resources.may_start(self, action):
+            return None  # it waits for a resource slot (resources.admit)
         action.record(self.run, self.x.worker)
         step = self.plan.step(action.step_id)
         if step.sleep is not None or step.signal is not None:

@@ -187,6 +187,8 @@ def _metrics_route(app: FastAPI, service: Service) -> None:
         exported, missing = None, str(e)
     if exported is not None:
         exported.watch_lag(service.saga.lag)
+        if service.saga.settings.resources:  # slots in use and waiters (the store's)
+            exported.watch_resources(service.saga.resource_usage)
 
     @app.get("/metrics", include_in_schema=False)
     def metrics_page() -> Response:

@@ -19,6 +19,10 @@ outcome}`` (histogram)
 ``saga_lease_takeovers_total{definition}``  ``RunTakenOver``: runs taken from a dead worker
 ``saga_queue_depth``                        runnable runs the worker's index sees now
 ``saga_projection_lag_events``              events the read model has not applied yet
+``saga_resource_slots_in_use{resource}``    calls holding a slot of a resource now (all
+                                            workers: read from the store at each scrape)
+``saga_resource_waiters{resource}``         calls waiting for a slot of it now
+``saga_resource_limit{resource}``           its ``concurrency`` (saga.toml ``[resources]``)
 =========================================  ==============================================
 
 plus the client's process and Python collectors (``process_*``, ``python_*``).
@@ -29,7 +33,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from saga.errors import ConfigError
@@ -86,6 +90,34 @@ class Metrics:
                 log.warning("projection lag unavailable: %s", e)
                 return math.nan
         self.projection_lag.set_function(read)
+
+    def watch_resources(self, usage: Callable[[], Mapping[str, tuple[int, int, int | None]]]
+                        ) -> None:
+        """Export each limited resource's slots in use, waiters and concurrency, read
+        from ``usage()`` (``{name: (in_use, waiting, concurrency)}``, the store's view,
+        shared by every worker) at each scrape; none when it fails."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        class Resources:
+            def collect(self) -> Iterable[Any]:
+                families = [GaugeMetricFamily(name, text, labels=["resource"]) for name, text
+                            in (("saga_resource_slots_in_use", "Calls holding a slot of the "
+                                 "resource now, on every worker."),
+                                ("saga_resource_waiters", "Calls waiting for a slot of the "
+                                 "resource now, on every worker."),
+                                ("saga_resource_limit", "The resource's concurrency limit."))]
+                try:
+                    found = usage()
+                except Exception as e:  # a scrape must answer even when the store does not
+                    log.warning("resource usage unavailable: %s", e)
+                    found = {}
+                for resource, values in sorted(found.items()):
+                    for family, value in zip(families, values, strict=True):
+                        if value is not None:
+                            family.add_metric([resource], float(value))
+                yield from families
+
+        self.registry.register(Resources())
 
     def exposition(self) -> tuple[bytes, str]:
         """The metrics in the text format, and its content type."""

@@ -109,6 +109,9 @@ class Tool:
             a call with these parameters (a shell call only with ``undo_argv``); None: any
             call it has a compensation for. A step whose call it can undo is undone by it
             on rollback unless the step says ``compensate: false``.
+        resource: ``resource(params) -> NAME`` (or a list, or None): the resource a call
+            counts against when its step names none (``http``: ``http:HOST``), limited by
+            saga.toml ``[resources."NAME"]``; a string is that name for every call.
     """
 
     name: str
@@ -119,6 +122,7 @@ class Tool:
     params: ParamSchema | None = field(default=None, hash=False)
     check: Callable[[dict[str, Any]], list[str]] | None = None
     undoes: Callable[[dict[str, Any]], bool] | None = None
+    resource: Callable[[dict[str, Any]], str | list[str] | None] | str | None = None
 
     def __post_init__(self) -> None:
         # A compensation of the wrong shape would fail only at rollback, when the effect
@@ -281,12 +285,15 @@ DECORATED = Registry()
 
 def tool(name: str, *, compensate: ToolFunc | None = None,
          description: str | None = None,
-         params: ParamSchema | None = None) -> Callable[[ToolFunc], ToolFunc]:
+         params: ParamSchema | None = None,
+         resource: str | Callable[[dict[str, Any]], str | list[str] | None] | None = None,
+         ) -> Callable[[ToolFunc], ToolFunc]:
     """Register a Python function as a tool.
 
     ``params`` is an optional parameter schema (``{"type": "object", "properties": {...},
     "required": [...], "additionalProperties": False}``) checked when a composition is
-    loaded. Example::
+    loaded. ``resource`` names the resource its calls count against by default (a name,
+    or a function of the parameters; see :attr:`Tool.resource`). Example::
 
         from saga import tool
 
@@ -299,7 +306,7 @@ def tool(name: str, *, compensate: ToolFunc | None = None,
     def register(func: ToolFunc) -> ToolFunc:
         doc = description if description is not None else (inspect.getdoc(func) or "")
         DECORATED.add(Tool(name, func, compensate, doc.split("\n")[0],
-                           f"python:{func.__module__}", params))
+                           f"python:{func.__module__}", params, resource=resource))
         return func
 
     return register

@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from saga.errors import ToolError
 from saga.tools.base import Tool, ToolContext
@@ -202,7 +203,16 @@ async def undo(params: dict[str, Any], output: Any, ctx: ToolContext) -> dict[st
     return await request(spec, ctx)
 
 
+def host_resource(params: dict[str, Any]) -> str | None:
+    """The resource an ``http`` call counts against unless its step names one:
+    ``http:HOST`` (the URL's host, lowercase, with its port when it has one), so
+    saga.toml ``[resources."http:api.example.com"]`` limits the calls to that host."""
+    url = params.get("url")
+    host = urlsplit(url).netloc.rpartition("@")[2].lower() if isinstance(url, str) else ""
+    return f"http:{host}" if host else None
+
+
 def make_tool(config: Mapping[str, Any]) -> Tool:
     """The ``http`` tool."""
     return Tool("http", http, undo, "Sends an HTTP request; `undo` is the request that "
-                "compensates.", "builtin", PARAMS, _check)
+                "compensates.", "builtin", PARAMS, _check, resource=host_resource)

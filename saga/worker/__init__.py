@@ -41,6 +41,7 @@ from saga.store.liveness import Liveness
 from saga.store.reconnect import backoff
 from saga.telemetry import metrics
 from saga.worker.index import RunIndex
+from saga.worker.resources import ResourceWaits
 
 __all__ = ["CLAIM_ROUNDS", "HELD_RECHECK", "LACKING_RECHECK", "LOOK_AHEAD", "WORKER_HOLD",
            "RunIndex", "Worker"]
@@ -132,6 +133,9 @@ class Worker:
         self._lacking: deque[str] = deque()  # of those, the runs to hold off (next look)
         self._stopping: asyncio.Event | None = None
         self._running: tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None = None
+        #: Set when saga.toml limits resources: the runs whose steps wait for a slot are
+        #: held off until one may be theirs (see saga.worker.resources).
+        self.resources: ResourceWaits | None = None
 
     def run(self, *, until_idle: bool = False, stop: Callable[[], bool] | None = None) -> int:
         """Work until ``stop()`` says so (or, with ``until_idle``, nothing is runnable);
@@ -230,6 +234,8 @@ class Worker:
             except Exception:  # a broken schedule must not stop the worker's runs
                 log.exception("firing due schedules failed")
         self._release_ended()
+        if self.resources is not None:
+            self.resources.look(self.index, self.leases.clock())
         for run_id in self.liveness.sweep():  # their holders died: runnable now
             self.index.held(run_id, self.index.clock().isoformat())
         while self._failed:  # else the next look drives it again, and fails, at once

@@ -331,7 +331,8 @@ _REOPENING = frozenset({"RunRetried", "CompensationStarted", "RunReset"})
 #: Events a driver records while it drives: they need no other driver's attention.
 _QUIET = frozenset({"StepStarted", "StepWaiting", "StepFailed", "StepCompleted",
                     "StepSkipped", "HealStarted", "RemedyApplied", "StepCompensated",
-                    "CompensationFailed", "ApprovalRequested", "HeartbeatRecorded"})
+                    "CompensationFailed", "ApprovalRequested", "HeartbeatRecorded",
+                    "StepWaitingForResource"})
 #: A step's moves: they change a run's place only when it waits or retries something.
 _MOVES = frozenset({"StepStarted", "StepCompleted", "StepSkipped"})
 #: Events after which claiming a run no longer starts it (a queue's rate counts starts).

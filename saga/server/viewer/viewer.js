@@ -379,6 +379,12 @@ var saga = (function () {
           "waiting: " + (w.pool ? "pool " + w.pool : "a worker of unpooled steps") + " ("
           + (w.compensation ? "the undo of step " : "step ") + w.step + ")"));
       });
+      (run.waiting_for_resources || []).forEach(function (w) {
+        // a step waits for a slot of a resource (saga.toml [resources.NAME])
+        box.appendChild(el("p", {"class": "resource-wait", "data-step": w.step},
+          "waiting: resource " + w.resources.join(", ") + " (step " + w.step + ", since ",
+          el("time", {datetime: w.since, text: ago(w.since)}), ")"));
+      });
       (run.waiting_for_children || []).forEach(function (w) {
         // a decision a child run waits for is made on the child's page
         var what = (w.waiting_for || []).map(function (x) {
