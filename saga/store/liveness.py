@@ -79,9 +79,11 @@ def dead_sql(holder: str, pg: bool, workers: str = "saga_workers") -> str:
     """SQL that is true when the lease holder ``holder`` (a column) registered its
     liveness in ``workers`` and its lock is no longer held: its process is gone."""
     if pg:
-        alive = ("EXISTS (SELECT 1 FROM pg_locks AS k WHERE k.locktype = 'advisory' "
-                 f"AND k.classid = {LIVE_LOCK} AND k.objid::int8 = w.lock_key "
-                 "AND k.objsubid = 2 AND k.granted AND k.database = "
+        # Uncorrelated, so read once per statement and hashed, however many leases it
+        # is asked about (pg_locks lists the whole server's locks).
+        alive = ("w.lock_key IN (SELECT k.objid::int8 FROM pg_locks AS k WHERE "
+                 f"k.locktype = 'advisory' AND k.classid = {LIVE_LOCK} AND k.objsubid = 2 "
+                 "AND k.granted AND k.database = "
                  "(SELECT oid FROM pg_database WHERE datname = current_database()))")
     else:
         alive = "saga_alive(w.worker)"  # see register_sqlite

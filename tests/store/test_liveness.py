@@ -1,0 +1,82 @@
+"""Workers' liveness (saga.store.liveness): a lease whose holder's lock is gone is taken
+at once; one whose holder never registered waits for its expiry, as before."""
+
+from __future__ import annotations
+
+import pytest
+
+from saga import Saga
+from saga.config import Settings
+from saga.errors import ConfigError
+from saga.store.liveness import Liveness
+from saga.tools import Registry
+
+
+def test_a_dead_workers_unexpired_lease_is_taken_at_once(settings: Settings,
+                                                        registry: Registry) -> None:
+    with Saga(settings, registry=registry) as saga:
+        leases = saga.leases
+        a = Liveness(leases.db, "a", leases.bindings)
+        a.start(1.0)
+        assert leases.claim("r1", "a", 30)
+        assert leases.claim("r2", "cli", 30)  # a holder that never registered
+        assert not leases.claim("r1", "b", 30)  # alive: its lease holds
+        assert set(leases.held_by_others(["r1", "r2"], "b")) == {"r1", "r2"}
+        b = Liveness(leases.db, "b", leases.bindings)
+        b.start(1.0)
+        assert b.sweep() == []
+        expiry = leases.holder("r1")[1]  # type: ignore[index]
+        a.stop()  # as its process's death does: the lock goes, the row stays
+        assert set(leases.held_by_others(["r1", "r2"], "b")) == {"r2"}
+        b._swept = float("-inf")  # (sweeps are at most every SWEEP_EVERY)
+        assert b.sweep() == [leases.lease("r1", "b", 30).run_id]
+        assert leases.claim_first(["r1", "r2"], 2, "b", 30)[0] == ["r1"]
+        assert leases.previous("r1", "b") == ("a", expiry)  # RunTakenOver.seen says so
+        assert not leases.claim("r2", "b", 30)  # waits for its expiry, as before
+        b.stop()
+
+
+def test_a_worker_id_in_use_is_refused_and_taken_back_once_free(
+        settings: Settings, registry: Registry) -> None:
+    with Saga(settings, registry=registry) as saga:
+        leases = saga.leases
+        first = Liveness(leases.db, "w", leases.bindings)
+        first.start(1.0)
+        assert leases.claim("r1", "w", 30)
+        with pytest.raises(ConfigError, match="in use by a live process"):
+            Liveness(leases.db, "w").start(0.2)
+        first.stop()
+        again = Liveness(leases.db, "w", leases.bindings)
+        again.start(1.0)
+        # Its own runs back at once, taken from the process that had its id.
+        expiry = leases.holder("r1")[1]  # type: ignore[index]
+        assert leases.claim("r1", "w", 30)
+        assert leases.previous("r1", "w") == ("w", expiry)
+        again.stop()
+
+
+def test_a_worker_that_loses_its_lock_holds_no_lease_until_it_has_it_again(
+        pg_settings: Settings, registry: Registry) -> None:
+    """Its own connection cut (an operator's pg_terminate_backend): its leases stop
+    counting at once (a drive renews and finds it lost), others may take its runs, and
+    its next sweep takes the lock again."""
+    with Saga(pg_settings, registry=registry) as saga:
+        leases = saga.leases
+        w = Liveness(leases.db, "w", leases.bindings)
+        w.start(1.0)
+        assert leases.claim("r1", "w", 30)
+        lease = leases.lease("r1", "w", 30)
+        lease.expires = leases.clock() + 30
+        assert lease.fresh(1.0) and lease.renew()
+        pid = w._conn.info.backend_pid
+        leases.db.query("SELECT pg_terminate_backend(%s) AS done", (pid,))
+        w._swept = float("-inf")
+        assert w.sweep() == []  # finds it lost
+        assert not w.alive
+        assert not lease.fresh(1.0) and not lease.renew()
+        assert leases.claim("r1", "other", 30)  # its process looks gone
+        w._swept = float("-inf")
+        w.sweep()
+        assert w.alive
+        assert not leases.claim("r1", "w", 30)  # the other's now
+        w.stop()
