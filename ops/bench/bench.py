@@ -53,7 +53,7 @@ from saga.api import Saga
 from saga.composition import Plan
 from saga.config import Settings
 from saga.domain import Run
-from saga.tools import Registry, ToolContext, load_registry
+from saga.tools import Registry, Tool, ToolContext, load_registry
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_PG_URL = os.environ.get("SAGA_BENCH_DATABASE_URL",
@@ -90,11 +90,13 @@ class Budget:
     profile_runs: int
 
 
-QUICK = Budget(repeats=3, runs={"chain3": 5, "chain20": 1, "fan8": 4}, floor_commits=100,
+QUICK = Budget(repeats=3, runs={"chain3": 5, "chain20": 1, "fan8": 4, "chain3_threads": 5,
+                                "chain20_threads": 1}, floor_commits=100,
                bare_calls=5_000, rps_runs=20, rps_repeats=1, load_events=10_000,
                load_repeats=3, pg_ops=60, pg_seconds=1.0, writer_seconds=1.0,
                writer_repeats=1, writers=4, profile_runs=10)
-DEFAULT = Budget(repeats=7, runs={"chain3": 10, "chain20": 3, "fan8": 8}, floor_commits=200,
+DEFAULT = Budget(repeats=7, runs={"chain3": 10, "chain20": 3, "fan8": 8, "chain3_threads": 10,
+                                  "chain20_threads": 3}, floor_commits=200,
                  bare_calls=20_000, rps_runs=50, rps_repeats=3, load_events=10_000,
                  load_repeats=7, pg_ops=200, pg_seconds=2.0, writer_seconds=2.0,
                  writer_repeats=3, writers=4, profile_runs=30)
@@ -121,11 +123,42 @@ def fan_out(n: int) -> dict[str, Any]:
     return {"name": f"bench-fan-{n}", "steps": [*roots, join]}
 
 
+#: An ordinary Python tool, a plain function as users write them: the executor calls it in
+#: its tool threads (a hand-off to the pool and back to the event loop per call), where
+#: the built-in ``noop``, a coroutine function, runs on the event loop itself.
+THREAD_TOOL = "noop_thread"
+
+
+def noop_thread(params: dict[str, Any], ctx: ToolContext) -> None:
+    """Does nothing, in a tool thread."""
+    return None
+
+
+def bench_registry() -> Registry:
+    """The built-in tools and :data:`THREAD_TOOL`."""
+    registry = load_registry()
+    registry.add(Tool(THREAD_TOOL, noop_thread, description="Does nothing, in a thread.",
+                      source="python:bench"))
+    return registry
+
+
+def on_threads(composition: dict[str, Any]) -> dict[str, Any]:
+    """The same composition with every step's tool :data:`THREAD_TOOL`."""
+    return {"name": composition["name"] + "-threads",
+            "steps": [{**s, "tool": THREAD_TOOL} for s in composition["steps"]]}
+
+
 SHAPES: dict[str, dict[str, Any]] = {"chain3": chain(3), "chain20": chain(20),
-                                     "fan8": fan_out(8)}
+                                     "fan8": fan_out(8),
+                                     "chain3_threads": on_threads(chain(3)),
+                                     "chain20_threads": on_threads(chain(20))}
 #: The composition of the synthetic runs (long history, 1-event saves).
 ONE_STEP: dict[str, Any] = {"name": "bench-one-step", "steps": [{"id": "s0", "tool": "noop"}]}
-SHAPE_TITLES = {"chain3": "chain of 3", "chain20": "chain of 20", "fan8": "fan-out 8 + join"}
+SHAPE_TITLES = {"chain3": "chain of 3", "chain20": "chain of 20", "fan8": "fan-out 8 + join",
+                "chain3_threads": "chain of 3, thread tool",
+                "chain20_threads": "chain of 20, thread tool"}
+#: Each shape on the tool threads, and the same shape with ``noop`` (run inline).
+INLINE_OF = {"chain3_threads": "chain3", "chain20_threads": "chain20"}
 
 
 # -- statistics and formatting -----------------------------------------------------------
@@ -435,9 +468,9 @@ def _levels(shape: str) -> list[list[str]]:
 
 
 async def _scaffold_run(registry: Registry, levels: list[list[str]], run_id: str,
-                        pool: ThreadPoolExecutor) -> None:
+                        pool: ThreadPoolExecutor, tool: str = "noop") -> None:
     loop = asyncio.get_running_loop()
-    func = registry.get("noop").func
+    func = registry.get(tool).func
     on_loop = inspect.iscoroutinefunction(func)
     for wave in levels:
         ctxs = [ToolContext(run_id=run_id, step_id=step_id, iteration=0, attempt=1,
@@ -457,7 +490,8 @@ def scaffold(registry: Registry, shape: str, runs: int) -> float:
     try:
         started = time.perf_counter()
         for r in range(runs):
-            asyncio.run(_scaffold_run(registry, levels, f"scaffold-{r}", pool))
+            asyncio.run(_scaffold_run(registry, levels, f"scaffold-{r}", pool,
+                                      SHAPES[shape]["steps"][0]["tool"]))
         return (time.perf_counter() - started) / runs
     finally:
         pool.shutdown(wait=False)
@@ -520,13 +554,15 @@ def engine_phase(stores: list[Store], registry: Registry, budget: Budget,
         for (name, shape), ms_per_step in this_engine.items():
             ratios[name][shape].append(ms_per_step / this_floor[name])
     rps: dict[str, list[float]] = {s.name: [] for s in stores}
+    rps_threads: dict[str, list[float]] = {s.name: [] for s in stores}
     for r in range(budget.rps_repeats):
         log(f"runs/s repeat {r + 1}/{budget.rps_repeats}")
-        order = list(stores)
+        order = [(store, shape) for store in stores for shape in ("chain3", "chain3_threads")]
         rng.shuffle(order)
-        for store in order:
-            sample = run_batch(store, "chain3", budget.rps_runs)
-            rps[store.name].append(1000 / sample["ms_per_run"])
+        for store, shape in order:
+            sample = run_batch(store, shape, budget.rps_runs)
+            (rps if shape == "chain3" else rps_threads)[store.name].append(
+                1000 / sample["ms_per_run"])
     results["engine"] = engine
     results["engine_alone"] = alone
     results["floor_ms"] = floors
@@ -535,6 +571,14 @@ def engine_phase(stores: list[Store], registry: Registry, budget: Budget,
     results["compile_ms"] = compile_ms
     results["ratio_to_floor"] = ratios
     results["runs_per_s"] = rps
+    results["runs_per_s_threads"] = rps_threads
+    # A step on the tool threads ÷ the same step run inline, per repeat (both samples of
+    # the same repeat): the engine with its commits, and the engine alone.
+    results["threads_ratio"] = {s.name: {shape: {kind: [
+        b["ms_per_step"] / a["ms_per_step"] for a, b in zip(
+            source[s.name][inline], source[s.name][shape], strict=True)]
+        for kind, source in (("stored", engine), ("alone", alone))}
+        for shape, inline in INLINE_OF.items()} for s in stores}
 
 
 # -- 3. loading a run of 10,000 events -----------------------------------------------------
@@ -866,6 +910,14 @@ def render(stores: list[Store], budget: Budget, results: dict[str, Any],
         out += targets_table(results)
     out += ["", "## 1. Engine overhead per step (noop tools)", ""]
     out += engine_table(stores, results)
+    out += ["", f"Rows marked \"thread tool\" run `{THREAD_TOOL}`, an ordinary Python function "
+            "(the executor calls it in its tool threads), where `noop` is a coroutine "
+            "function run on the event loop. A step on the threads ÷ the same step inline, "
+            "ms per step of the same repeat (goal ≤ 1.15×):", "",
+            "| store | composition | with its commits | the engine alone |", "|---|---|---:|---:|"]
+    out += [f"| {name} | {SHAPE_TITLES[INLINE_OF[shape]]} | {spread(r['stored'])}× "
+            f"| {spread(r['alone'])}× |"
+            for name, shapes in results["threads_ratio"].items() for shape, r in shapes.items()]
     out += ["", "Commits are counted as `on_events` calls (one per `save_run` of the run's "
             "events); the lease's claim and release are separate commits on saga's own "
             "connection and are listed apart. Bare loop, µs per direct `tool.func({}, ctx)` "
@@ -894,6 +946,8 @@ def render(stores: list[Store], budget: Budget, results: dict[str, Any],
     out += ["", "## 2. Runs per second from one process (sequential 3-step runs, "
             f"{budget.rps_runs} per sample)", "", "| store | runs/s |", "|---|---:|"]
     out += [f"| {s.name} | {spread(results['runs_per_s'][s.name])} |" for s in stores]
+    out += [f"| {s.name}, thread tool | {spread(results['runs_per_s_threads'][s.name])} |"
+            for s in stores]
     out += ["", f"## 3. Loading one run of {budget.load_events:,} events (`app.get_run`)", "",
             "| store | snapshots | get_run ms | building it: s (events/s at 100 events "
             "per save) |", "|---|---|---:|---:|"]
@@ -1002,7 +1056,7 @@ def main(argv: list[str] | None = None) -> int:
     started, cpu_before = time.perf_counter(), cpu_times()
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     results: dict[str, Any] = {}
-    registry = load_registry()
+    registry = bench_registry()
     with open_stores(args.stores, registry, args.pg_url) as stores:
         engine_phase(stores, registry, budget, rng, results)
         load_phase(stores, budget, rng, results)

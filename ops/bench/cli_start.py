@@ -1,8 +1,11 @@
-"""How long one ``saga run`` takes from the shell, process start to exit (issue 15: a
-3-step run from the CLI, target ≤ 0.3 s). Runs ``python -m saga.cli run flow.yaml`` (3
-noop steps chained by ``depends_on``) N times on the default SQLite store in a fresh
-directory, beside ``python -c pass`` and ``saga --help`` as floors, interleaved, and
-prints the median [min..max] of each with the load average before and after.
+"""How long one ``saga run`` and one ``saga status`` take from the shell, process start to
+exit (issue 15: a 3-step run from the CLI, target ≤ 0.3 s; issue 44: ``saga status``
+≤ 0.25 s). Runs ``python -m saga.cli run flow.yaml`` (3 noop steps chained by
+``depends_on``) and ``python -m saga.cli status RUN`` (of a run made first) N times on the
+default SQLite store in a fresh directory, beside ``python -c pass`` and ``saga --help``
+as floors, interleaved, and prints the median [min..max] of each, its ratio to
+``python -c pass``, the modules each command imported, and the load average before and
+after.
 
 Bytecode caches are written and used, as after ``pip install`` (a ``PYTHONDONTWRITEBYTECODE``
 in the environment is dropped for the commands): without them every start compiles saga's
@@ -16,6 +19,7 @@ sources again, which costs more than most of the imports this measures.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import statistics
@@ -68,19 +72,38 @@ def main(n: int, roots: list[Path]) -> None:
             run = [sys.executable, "-m", "saga.cli", "run", "flow.yaml"]
             commands[f"saga run flow.yaml{label}"] = (run, env)
             timed(run, tmp, env)  # creates the store, and the bytecode caches of a run
+            made = subprocess.run([*run, "--json"], cwd=tmp, env=env, check=True,
+                                  capture_output=True, text=True)
+            status = [sys.executable, "-m", "saga.cli", "status",
+                      json.loads(made.stdout)["run_id"]]
+            commands[f"saga status RUN{label}"] = (status, env)
+            timed(status, tmp, env)
         load = os.getloadavg()
         samples: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
         for _ in range(n):
             for name, (cmd, env) in commands.items():
                 samples[name].append(timed(cmd, tmp, env))
         after = os.getloadavg()
+        imported = {name: modules(cmd, tmp, env) for name, (cmd, env) in commands.items()}
+    floor = statistics.median(v[0] for v in samples["python -c pass"])
     print(f"{n} samples each, load average {load[0]:.2f} before, {after[0]:.2f} after, "
           f"{os.cpu_count()} CPUs; median [min..max]")
     width = max(len(name) for name in samples)
-    print(f"  {'':{width}} {'wall':26} cpu (user + system)")
+    print(f"  {'':{width}} {'wall':26} {'÷ python -c pass':17} {'cpu (user + system)':26} "
+          "modules")
     for name, values in samples.items():
         wall, cpu = [v[0] for v in values], [v[1] for v in values]
-        print(f"  {name:{width}} {summary(wall):26} {summary(cpu)}")
+        ratio = f"{statistics.median(wall) / floor:.1f}×"
+        print(f"  {name:{width}} {summary(wall):26} {ratio:17} {summary(cpu):26} "
+              f"{imported[name]}")
+
+
+def modules(cmd: list[str], cwd: str, env: dict[str, str]) -> int:
+    """How many modules ``cmd`` (a ``python ...`` command) imports, counted by
+    ``-X importtime`` (one line per module imported, the interpreter's own included)."""
+    done = subprocess.run([cmd[0], "-X", "importtime", *cmd[1:]], cwd=cwd, env=env,
+                          check=True, capture_output=True, text=True)
+    return sum(1 for line in done.stderr.splitlines() if line.startswith("import time:")) - 1
 
 
 if __name__ == "__main__":

@@ -63,8 +63,17 @@ from saga.api import Saga
 from saga.config import Settings
 from saga.tools import load_registry
 
-saga = Saga(Settings(home=Path(tempfile.mkdtemp()), actor="bench"),
-            registry=load_registry([]), worker="bench")
+from saga.tools import Tool
+
+
+def noop_thread(params, ctx):  # an ordinary Python tool: run in the tool threads
+    return None
+
+
+registry = load_registry([])
+registry.add(Tool("noop_thread", noop_thread, source="python:bench"))
+saga = Saga(Settings(home=Path(tempfile.mkdtemp()), actor="bench"), registry=registry,
+            worker="bench")
 plan = saga.load(json.loads(os.environ["SAGA_BENCH_PLAN"]))
 saga.app.save_run = lambda run, claim=None, release=None: run.collect_events()
 for _ in range(3 + int(os.environ["SAGA_BENCH_RUNS"])):
@@ -145,10 +154,10 @@ def count_worker(saga_root: Path, runs: int, concurrency: int, url: str) -> int:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
-def count(saga_root: Path, runs: int) -> int:
+def count(saga_root: Path, runs: int, shape: str = "chain20") -> int:
     """Instructions (callgrind's ``Ir``) of the driver with ``runs`` extra chains."""
     env = {**os.environ, "PYTHONPATH": str(saga_root), "PYTHONHASHSEED": "0",
-           "SAGA_BENCH_RUNS": str(runs), "SAGA_BENCH_PLAN": json.dumps(SHAPES["chain20"])}
+           "SAGA_BENCH_RUNS": str(runs), "SAGA_BENCH_PLAN": json.dumps(SHAPES[shape])}
     return callgrind(DRIVER, [], env, saga_root)
 
 
@@ -162,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker", type=int, metavar="C",
                         help="count a worker draining 3-step chains from PostgreSQL at "
                              "concurrency C, per run, instead of the engine alone")
+    parser.add_argument("--tool", choices=("noop", "thread", "both"), default="noop",
+                        help="the engine alone's steps: noop (a coroutine, run on the event "
+                             "loop), thread (an ordinary function, run in the tool threads) "
+                             "or both, each counted in turn (default: noop)")
     parser.add_argument("--pg-url", default=DEFAULT_PG_URL,
                         help="the server --worker uses (a schema instr_<random> each count)")
     args = parser.parse_args(argv)
@@ -178,10 +191,16 @@ def main(argv: list[str] | None = None) -> int:
                   f"(a worker at concurrency {args.worker}, chains of 3 noop steps on "
                   "PostgreSQL)")
             continue
-        base, more = count(root, 0), count(root, args.runs)
-        per_step = (more - base) / (args.runs * len(SHAPES["chain20"]["steps"]))
-        print(f"{root}: {per_step:,.0f} instructions per noop step "
-              f"({args.runs} chains of 20, engine alone)")
+        counted: dict[str, float] = {}
+        for tool in ("noop", "thread") if args.tool == "both" else (args.tool,):
+            shape = "chain20" if tool == "noop" else "chain20_threads"
+            base, more = count(root, 0, shape), count(root, args.runs, shape)
+            counted[tool] = (more - base) / (args.runs * len(SHAPES[shape]["steps"]))
+            print(f"{root}: {counted[tool]:,.0f} instructions per {tool} step "
+                  f"({args.runs} chains of 20, engine alone)")
+        if len(counted) == 2:
+            print(f"{root}: a step on the tool threads costs "
+                  f"{counted['thread'] / counted['noop']:.3f}× one run inline")
     return 0
 
 

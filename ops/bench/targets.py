@@ -124,9 +124,17 @@ def targets_table(results: dict[str, Any]) -> list[str]:
     rows: list[tuple[str, str, list[float], bool]] = [
         ("per-step overhead, chain of 20, ÷ commit floor", "≤ 2.5×", pg_ratio["chain20"],
          True),
+        ("the same, a thread tool (an ordinary Python function, run in the tool threads)",
+         "≤ 2.5×", pg_ratio["chain20_threads"], True),
+        ("a step on the tool threads ÷ inline, chain of 20 (ms/step, same repeat)",
+         "≤ 1.15×", results["threads_ratio"]["postgres"]["chain20_threads"]["stored"], True),
         ("chain of 3, ms/run", "≤ 5 ms", chain3, True),
+        ("the same, a thread tool", "≤ 5 ms", [x["ms_per_run"] for x in results[
+            "engine"]["postgres"]["chain3_threads"]], True),
         ("sequential runs/s from one process (3 steps)", "≥ 250",
          results["runs_per_s"]["postgres"], False),
+        ("the same, a thread tool", "≥ 250", results["runs_per_s_threads"]["postgres"],
+         False),
         (f"one worker, {t['group_runs']} runs of 3 steps, concurrency 64 ÷ concurrency 1 "
          "(events/s)", "≥ 5×", s["group_ratio"], False),
         (f"{t['drain_runs']} five-step runs: 4 worker processes ÷ 1 (runs/s)", "≥ 1.8×",
@@ -138,8 +146,8 @@ def targets_table(results: dict[str, Any]) -> list[str]:
         ("the same, concurrency 1", "—", s["apart_ratio_c1"], False),
         ("`saga run` from the CLI, 3 steps, end to end, s", "≤ 0.3 s", s["cli_s"], True),
     ]
-    goal = {"≤ 2.5×": 2.5, "≤ 5 ms": 5.0, "≥ 250": 250.0, "≥ 5×": 5.0, "≥ 1.8×": 1.8,
-            "≤ 0.3 s": 0.3}
+    goal = {"≤ 2.5×": 2.5, "≤ 1.15×": 1.15, "≤ 5 ms": 5.0, "≥ 250": 250.0, "≥ 5×": 5.0,
+            "≥ 1.8×": 1.8, "≤ 0.3 s": 0.3}
     lines = ["| target | goal | measured, median [min..max] | met at the median |",
              "|---|---|---:|---|"]
     for title, want, xs, lower in rows:
