@@ -71,13 +71,15 @@ def elsewhere(drive: Drive, step_id: str) -> bool:
     served = drive.x.pools
     if served is None or drive.lease is None:
         return False
+    drive.__dict__.setdefault("pool_start", drive.saved)  # see hand_over
     return not served.serves(pool_of(drive.plan, step_id))
 
 
 async def hand_over(drive: Drive) -> bool:
     """The drive has nothing in flight and the run is not finished: record a
     ``StepAwaitingPool`` for each step start or compensation the scheduler decides now
-    that needs a pool its worker does not serve (unless recorded already), and save them
+    that needs a pool its worker does not serve (unless recorded already, and not
+    forgotten since), and save them
     in one append that gives the run's lease up too (or, where the store cannot, give it
     up at once after): a worker of that pool claims the run next. Whether the drive
     handed the run over so."""
@@ -88,8 +90,15 @@ async def hand_over(drive: Drive) -> bool:
             or (drive.stopping is not None and drive.stopping.is_set()):
         return False
     recorded = list(recorded_waits(run).values())
-    new = [need for need in needs(drive.plan, decide(drive.plan, run))
-           if not served.serves(need.pool) and not any(matches(need, w) for w in recorded)]
+    waiting = [need for need in needs(drive.plan, decide(drive.plan, run))
+               if not served.serves(need.pool)]
+    new = [need for need in waiting if not any(matches(need, w) for w in recorded)]
+    if not new and run.version == drive.__dict__.get("pool_start"):
+        # Recorded already, yet this drive did nothing: news since (a signal, a label, a
+        # takeover) made the workers' indexes forget the waits (saga.worker.pools), and
+        # a worker of none of their pools claimed the run. Said again, so that it does
+        # not claim it at every look.
+        new = waiting
     if not new:
         return False
     for need in new:

@@ -190,6 +190,12 @@ def test_an_undo_waits_for_its_steps_pool_and_no_other_worker_claims_the_run(
     version = s.get(run_id).version
     assert idle.run(until_idle=True) == 1  # no second drive: it waits for pool a
     assert idle.index.runnable() == [] and s.get(run_id).version == version
+    # News (a label) makes every worker look again: this one says again why it waits,
+    # once, instead of claiming the run at every look.
+    s.label(run_id, {"team": "x"})
+    assert idle.run(until_idle=True) == 2
+    assert awaited() == [("s1", "a", False)] * 2
+    assert idle.run(until_idle=True) == 2 and len(awaited()) == 2
     assert s.status(run_id)["waiting_for_pools"][0]["pool"] == "a"
 
     worker("a").run(until_idle=True)
