@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from saga import composition, expressions, secrets
 from saga.api.commands import RunCommands, _refuse_redacted
 from saga.api.notifications import NotificationCommands
+from saga.api.resources import ResourceCommands
 from saga.chain import json_safe
 from saga.composition import Plan, plan_of, tree_tools
 from saga.composition.definition import parse_duration, resolve_inputs
@@ -57,7 +58,6 @@ from saga.store import (
     wait_for_lease,
 )
 from saga.store.heartbeats import Heartbeats, show_heartbeats
-from saga.store.resources import ResourceSlots
 from saga.telemetry import metrics, tracing
 from saga.tools import Registry, load_registry, modules_of
 from saga.views import check_moments, row_summary, run_summary, waits_of
@@ -75,7 +75,7 @@ else:  # loaded when first used: a run started here needs none of them (saga.laz
 log = logging.getLogger("saga")
 
 
-class Saga(RunCommands, NotificationCommands):
+class Saga(RunCommands, NotificationCommands, ResourceCommands):
     """A handle on one store and one set of tools."""
 
     def __init__(self, settings: Settings | None = None, *, tools: Iterable[str] = (),
@@ -200,18 +200,6 @@ class Saga(RunCommands, NotificationCommands):
         found: Heartbeats | None = self.__dict__.get("_heartbeats")
         if found is None or found.db is not self._db:
             found = self.__dict__["_heartbeats"] = Heartbeats(self._db)
-        return found
-
-    @property
-    def resources(self) -> ResourceSlots:
-        """The slots of saga.toml's ``[resources.NAME]`` limits, held in the store
-        (``saga_resource_slots``; see :mod:`saga.store.resources`)."""
-        self.leases  # noqa: B018 - opens the side connection the tables share
-        assert self._db is not None
-        found: ResourceSlots | None = self.__dict__.get("_resources")
-        if found is None or found.db is not self._db:
-            found = self.__dict__["_resources"] = ResourceSlots(self._db,
-                                                                self.settings.resources)
         return found
 
     def load(self, source: str | Path | Mapping[str, Any]) -> Plan:
@@ -539,12 +527,6 @@ class Saga(RunCommands, NotificationCommands):
                                     until=until, prefix=prefix, offset=offset)
         runs = [row_summary(row) for row in rows]
         return [r for r in runs if all(r["labels"].get(k) == v for k, v in wanted.items())]
-
-    def resource_usage(self) -> dict[str, tuple[int, int, int | None]]:
-        """Each resource saga.toml limits, as the store holds it now (every worker's
-        calls): ``(slots in use, calls waiting, concurrency)``."""
-        return {name: (u.in_use, u.waiting, u.limit.concurrency)
-                for name, u in self.resources.usage().items()}
 
     def lag(self) -> int:
         """How many events the read model has not applied yet."""

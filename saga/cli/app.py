@@ -82,6 +82,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                 'A compliance report: outcomes, failures, compensations, durations, who did...'),
     'reset': ('saga.cli.replay_tools',
                'Re-run a run from STEP: undo the steps from there, then run them again.'),
+    'resources': ('saga.cli.resources',
+                   'Show each limited resource: its limits, its calls in flight and waiting.'),
     'resume': ('saga.cli.runs',
                 'Continue an unfinished run here (after an approval, or when it was...'),
     'retention': ('saga.cli.audit',

@@ -95,7 +95,8 @@ def _event_detail(e: dict[str, Any]) -> str:
     parts = []
     if "step_id" in p:
         parts.append(p["step_id"] + (f"[{p['iteration']}]" if p.get("iteration") else ""))
-    for key in ("attempt", "reason", "error_type", "message", "steps", "comment", "actor"):
+    for key in ("attempt", "resources", "reason", "error_type", "message", "steps", "comment",
+                "actor"):
         if p.get(key) not in (None, "", []):
             parts.append(f"{key}={p[key]}")
     if e["type"] == "RunStarted":

@@ -25,7 +25,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from saga.config import DEFAULT_TENANT, Settings, load_settings
 from saga.errors import ConfigError, RunNotFoundError, SagaError
-from saga.server import browser, compositions, notifications, revisions, runs, streams
+from saga.server import (
+    browser,
+    compositions,
+    notifications,
+    resources,
+    revisions,
+    runs,
+    streams,
+)
 from saga.server import tokens as api_tokens
 from saga.server.browser import serve_hosts
 from saga.server.service import (
@@ -169,6 +177,7 @@ def create_app(settings: Settings | None = None, *, tools: tuple[str, ...] = (),
     app.include_router(runs.router)
     app.include_router(revisions.router)
     app.include_router(notifications.router)
+    app.include_router(resources.router)
     app.include_router(compositions.router)
     app.include_router(streams.router)
     app.include_router(browser.router)

@@ -203,7 +203,8 @@ class Worker:
                 # look in a row waits as usual).
                 raced = raced + 1 if lost_all else 0
                 if until_idle and not active and not claimed and not raced \
-                        and "rate" not in held.values():
+                        and "rate" not in held.values() \
+                        and not (self.resources and self.resources.waiting):  # held off for slots
                     break
                 await self._pause(active, 0 if raced == 1 else self.poll_interval)
             if active:  # an operator waiting on a stop is told what it waits for

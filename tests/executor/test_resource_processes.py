@@ -19,9 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 
 from saga import Saga
 from saga.config import Settings, parse_resources
+from saga.server.app import create_app
 from saga.tools import Registry, load_registry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -194,6 +196,14 @@ def test_a_waiting_step_is_shown_holds_no_worker_and_starts_when_its_slot_frees(
         assert 'saga_resource_waiters{resource="db"} 1.0' in page
         assert 'saga_resource_limit{resource="db"} 1.0' in page
         assert spans(log).keys() == {f"{free}:s:1"}  # the waiting step never started
+        listed = json.loads(f.cli("resources", "--json").stdout)  # the operator's view
+        assert [(r["resource"], r["in_use"], r["waiting"]) for r in listed] == [("db", 1, 1)]
+        assert [h["worker"] for h in listed[0]["holders"]] == ["elsewhere"]
+        assert [(w["run_id"], w["step"]) for w in listed[0]["waiters"]] == [(waiting, "s")]
+        with TestClient(create_app(limited, worker=False), base_url="http://127.0.0.1") as c:
+            assert c.get("/api/v1/resources").json() == [
+                {"resource": "db", "concurrency": 1, "rate": None, "burst": None,
+                 "in_use": 1, "waiting": 1}]
         s.resources.release(["other:x:1"])
         wait_until(lambda: s.get(waiting).status == "completed", 60, "the waiting run")
         assert worker.poll() is None
