@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 from saga.composition.notify_config import notify_settings
 from saga.config import Settings
-from saga.domain import run_uuid
 from saga.lazy import lazy
 from saga.store.outbox import Outbox
 from saga.store.side_tables import Row
@@ -57,7 +56,7 @@ class NotificationCommands:
                       ) -> list[dict[str, Any]]:
         """Notifications newest first: of one ``status`` (pending, delivered, failed)
         and one run when given; ``attempts``: each with its ``attempts_log``."""
-        run = str(run_uuid(self.resolve(run_id))) if run_id else None
+        run = self.app.get_run(self.resolve(run_id)).run_id if run_id else None
         outbox = self._outbox()
         try:
             found = [notification_json(r) for r in outbox.listing(status, run, limit)]

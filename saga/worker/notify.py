@@ -148,6 +148,7 @@ class Deriver:
             return []
         labels = (run.context or {}).get("labels") or {}
         rows, seen = [], set()
+        run_id = run.run_id  # the id commands and views use: its name, when it has one
         for target in candidates:
             kind = next((k for k in kinds if target.wants(k, run.name, labels)), None)
             if kind is None or target.url in seen:

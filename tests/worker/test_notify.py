@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -278,3 +279,37 @@ def test_redirects_are_not_followed_and_plain_http_goes_to_loopback_only(
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert worker.returncode == 2 and "is plain http" in worker.stderr, worker.stderr
 
+
+
+def test_the_kinds_of_news_and_the_filters(sqlite_settings: Settings) -> None:
+    """Approvals and signal waits are run.waiting (a timer is not), a cancel is
+    run.cancelled, and saga.toml's filter picks runs by definition and labels."""
+    port = free_port()
+    receiver = Receiver(port)
+    receiver.start()
+    settings = replace(sqlite_settings, file={"notify": [
+        {"url": f"http://127.0.0.1:{port}/all", "secret_env": "HOOK_SECRET",
+         "events": ["run.waiting", "run.cancelled", "run.completed"]},
+        {"url": f"http://127.0.0.1:{port}/paying", "secret_env": "HOOK_SECRET",
+         "events": ["run.waiting"], "filter": {"labels": {"team": "pay"}}},
+        {"url": f"http://127.0.0.1:{port}/other", "secret_env": "HOOK_SECRET",
+         "events": ["run.waiting"], "filter": {"definition": "nothing-of-ours"}}]})
+    saga = Saga(settings)
+    notifier = Notifier(saga.app, settings, "t", env={"HOOK_SECRET": SECRET})
+    try:
+        gate = saga.run(saga.load({"name": "gate", "steps": [
+            {"id": "nap", "sleep": 0.01}, {"id": "ok", "tool": "noop", "confirm": "go?"}]}),
+            labels={"team": "pay"}).run_id
+        wait = saga.run(saga.load({"name": "wait", "steps": [
+            {"id": "go", "signal": "go", "timeout": 3600}]})).run_id
+        saga.cancel(wait, reason="not today")
+        notifier.round()
+        assert sorted((g[0], json.loads(g[2])["type"], json.loads(g[2])["run_id"])
+                      for g in receiver.got) == sorted([
+            ("/all", "run.waiting", gate), ("/paying", "run.waiting", gate),
+            ("/all", "run.waiting", wait), ("/all", "run.cancelled", wait)])
+        assert all(json.loads(g[2])["status"] in ("waiting", "cancelled") for g in receiver.got)
+    finally:
+        notifier.stop()
+        saga.close()
+        receiver.stop()
