@@ -29,7 +29,7 @@ from typing import Any
 
 from saga.api import Saga
 from saga.config import Settings
-from tests.conformance import model, revisions_ops
+from tests.conformance import model, notify_ops, revisions_ops
 
 ROOT = Path(__file__).resolve().parents[2]
 TERMINAL = {"completed", "failed", "compensated", "cancelled"}
@@ -88,6 +88,7 @@ class Simulation:
         self.saga: Saga | None = None
         self.no_workers_until = 0.0
         self.rev = revisions_ops.Revisions(self)  # migrate, reset, label (issue 40)
+        self.receiver = notify_ops.configure(self)  # webhooks of every kind (issue 42)
 
     # -- processes ----------------------------------------------------------------------
 
