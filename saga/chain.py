@@ -28,6 +28,7 @@ USER_DATA: dict[str, tuple[str, ...]] = {
     "StepStarted": ("parameters",),
     "StepCompleted": ("output",),
     "StepCompensated": ("output",),
+    "StepCompensationStarted": ("parameters",),
     "RunCompleted": ("outputs",),
     "RunFailed": ("outputs",),
     "RunCompensated": ("outputs",),

@@ -74,7 +74,7 @@ def run_summary(run: Run, steps: bool = True) -> dict[str, Any]:
         out["inputs"] = run.inputs
         out["steps"] = {
             key: {k: s.get(k) for k in ("status", "attempt", "duration_ms", "output", "error",
-                                        "reason", "compensation_error")
+                                        "reason", "compensation_error", "not_undone")
                   if s.get(k) is not None}
             for key, s in run.steps.items()
         }

@@ -137,6 +137,9 @@ def _summary_parts(summary: dict[str, Any]) -> tuple[list[Any], list[tuple[str, 
         if s.get("compensation_error"):  # its effect is still there: say so
             st, style = f"{st}, compensation failed", "red"
             detail = f"NOT UNDONE: {s['compensation_error'].get('message', '')}"
+        elif s.get("not_undone"):  # its undo could not be said (StepNotUndone)
+            st, style = f"{st}, not undone", "yellow"
+            detail = f"not undone: {s['not_undone']}"
         if s.get("heartbeat") and s.get("status") != "completed":  # a long call's progress
             detail = _beat(s["heartbeat"], detail)
         rows.append((_escape(key), f"[{style}]{st}[/]" if style else st,

@@ -2,7 +2,7 @@
 stage speaks about runs (:mod:`~saga.domain.vocabulary`)."""
 
 # attach their events to Run
-from saga.domain import heartbeats, pools, resources, revisions, waits
+from saga.domain import heartbeats, pools, resources, revisions, undos, waits
 from saga.domain.run import Run
 from saga.domain.vocabulary import (
     COMMANDS,
@@ -71,5 +71,6 @@ __all__ = [
     "run_uuid",
     "status_after",
     "step_key",
+    "undos",
     "waits",
 ]

@@ -108,6 +108,14 @@ class StepStates:
                     and seen.get("worker") == state.get("worker") \
                     and datetime.fromisoformat(renewed) <= datetime.fromisoformat(started):
                 state["blamed"] = state.get("blamed", 0) + 1
+        # An undo call in flight (started, never ended: see saga.domain.undos) was cut
+        # short too: it runs again, knowingly, under the same key.
+        comp: dict[str, Any] | None = getattr(self, "compensation", None)
+        if comp:
+            cut = comp.setdefault("interrupted", {})
+            for key in comp.get("calls") or {}:
+                if key not in comp["done"]:
+                    cut[key] = cut.get(key, 0) + 1
         self.suspect = True
 
     @property

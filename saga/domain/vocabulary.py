@@ -36,7 +36,8 @@ EVENT_TYPES = (
     "RetentionApplied", "RunTakenOver", "DefinitionMigrated", "RunLabelled", "RunReset",
     "StepsReopened", "HeartbeatRecorded",
     "StepAwaitingPool",
-    "StepWaitingForResource")
+    "StepWaitingForResource",
+    "StepCompensationStarted", "StepNotUndone")
 
 
 TOPIC_PREFIX = "saga."

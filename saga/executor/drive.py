@@ -18,6 +18,7 @@ from saga import expressions, scheduler
 from saga.composition import Plan
 from saga.composition.definition import Step
 from saga.domain import Run, StepState, step_key
+from saga.domain.undos import undos_in_flight
 from saga.errors import ConcurrentWriteError, LeaseLostError
 from saga.executor import calls, incoming, nesting, outputs, pools, resources
 from saga.executor.calling import ToolCalls
@@ -137,7 +138,7 @@ class Drive(ToolCalls):
     async def _go(self) -> Run:
         # Whoever drives a run now is its only driver (it holds the lease), so any attempt
         # still marked running was started by a worker that died.
-        if scheduler.interrupted(self.plan, self.run):
+        if scheduler.interrupted(self.plan, self.run) or undos_in_flight(self.run.compensation):
             # counted first (quarantine reads it), with what the lease shows of the dead
             self.run.take_over(self.x.worker, calls.lease_seen(self.lease, self.run.run_id))
             self._recover_beats()  # what the dead attempts last beat, before they end
@@ -429,12 +430,13 @@ class Drive(ToolCalls):
         if key in self.compensating:
             return None
         if action.error is not None:
-            self.run.compensation_failed(action.step_id, action.iteration, "ExpressionError",
+            self.run.compensation_failed(action.step_id, action.iteration, action.error_type,
                                          action.error)
             return None
         if pools.elsewhere(self, action.step_id):
             return None  # a worker of its pool undoes it (pools.hand_over)
         self.compensating.add(key)
+        action.start(self.run, self.x.worker)  # durable before the call, as a step's start
         return ("compensation", action)
 
     def _record(self, outcome: Outcome) -> None:
@@ -564,7 +566,7 @@ class Drive(ToolCalls):
         assert compensation is not None
         timeout = compensation.timeout_ms / 1000 if compensation.timeout_ms else None
         started = time.monotonic()
-        call = StartStep(action.step_id, action.iteration, 1, action.parameters)
+        call = StartStep(action.step_id, action.iteration, action.attempt, action.parameters)
         thread = self.abandoned.pop(step_key(action.step_id, action.iteration), None)
         if thread is not None:  # its attempt was cut short, but may still act: after it
             await calls.returned(thread)

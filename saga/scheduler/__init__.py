@@ -22,6 +22,7 @@ from saga.scheduler.actions import (
     CompleteStep,
     FailStep,
     FinishRun,
+    LeaveUndone,
     Recorded,
     ReopenSteps,
     RequestApproval,
@@ -51,7 +52,8 @@ else:
     graph = lazy("saga.scheduler.graph")  # the graph form's rules, for its runs only
 
 __all__ = [
-    "Action", "CompensateStep", "CompleteStep", "FailStep", "FinishRun", "Recorded",
+    "Action", "CompensateStep", "CompleteStep", "FailStep", "FinishRun", "LeaveUndone",
+    "Recorded",
     "ReopenSteps", "RequestApproval", "RunRemedy", "SkipStep", "StartCompensation",
     "StartLoop", "StartStep",
     "compensation_order", "confirmation_message", "confirmation_timeout", "decide",

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from saga.domain import ENDINGS, Run
-from saga.domain.revisions import reopen
+from saga.domain.revisions import key_of, reopen
+from saga.domain.undos import leave_undone, start_undo
 
 
 def brief(value: Any, limit: int = 120) -> str:
@@ -216,22 +217,68 @@ class StartCompensation:
 @dataclass(frozen=True)
 class CompensateStep:
     """Run one step's compensation (with its parameters rendered); ``tool`` None means the
-    step tool's own compensation, called with the step's recorded parameters and output."""
+    step tool's own compensation, called with the step's recorded parameters and output.
+    ``attempt``: 1, one more for each earlier call an interruption cut short. ``error``:
+    it cannot be called (``error_type``), and fails as it is recorded."""
 
-    EVENTS: ClassVar[tuple[str, ...]] = ("StepCompensated", "CompensationFailed")
+    EVENTS: ClassVar[tuple[str, ...]] = ("StepCompensationStarted", "StepCompensated",
+                                         "CompensationFailed")
     step_id: str
     iteration: int
     tool: str | None
     parameters: Any
     error: str | None = None
+    attempt: int = 1
+    error_type: str = "ExpressionError"
+
+    def start(self, run: Run, worker: str | None) -> None:
+        """Record the call's start (durable before the undo is called), under the step's
+        idempotency key with ``:compensate``."""
+        key = key_of(run, self.step_id, self.iteration) + ":compensate"
+        start_undo(run, self.step_id, self.iteration, self.attempt, self.tool,
+                   self.parameters, key, worker)
 
     def matches(self, kind: str, e: Any) -> bool:
-        """Whether a recorded event is this action."""
+        """Whether a recorded event is this action (a run recorded before undo calls had
+        their start has only their ends)."""
+        if kind == "StepCompensationStarted":
+            return bool(e.step_id == self.step_id and e.iteration == self.iteration
+                        and e.attempt == self.attempt and e.parameters == self.parameters)
         return kind in self.EVENTS and e.step_id == self.step_id
 
     def describe(self) -> str:
         """The action in words."""
         return f"CompensateStep {self.step_id}"
+
+
+@dataclass(frozen=True)
+class LeaveUndone:
+    """Record ``StepNotUndone``: a step whose compensation cannot be said (it reads an
+    output its interrupted attempt never recorded) is named not undone, with ``reason``."""
+
+    EVENTS: ClassVar[tuple[str, ...]] = ("StepNotUndone",)
+    step_id: str
+    iteration: int
+    reason: str
+    #: what a compensation would call: nothing (read by whoever compares compensations)
+    tool: ClassVar[None] = None
+    parameters: ClassVar[None] = None
+
+    def record(self, run: Run, worker: str | None) -> None:
+        """Record the step as not undone."""
+        leave_undone(run, self.step_id, self.iteration, self.reason)
+
+    def matches(self, kind: str, e: Any) -> bool:
+        """Whether a recorded event is this action. A run recorded before saga said so
+        recorded the template error as a failed compensation instead: that is it too."""
+        if kind == "CompensationFailed":
+            return bool(e.step_id == self.step_id and e.error_type == "ExpressionError")
+        return kind == "StepNotUndone" and e.step_id == self.step_id \
+            and e.iteration == self.iteration
+
+    def describe(self) -> str:
+        """The action in words."""
+        return f"LeaveUndone {self.step_id}: {self.reason}"
 
 
 @dataclass(frozen=True)
@@ -282,7 +329,8 @@ class ReopenSteps:
 
 
 Action = (StartStep | StartLoop | CompleteStep | RunRemedy | SkipStep | FailStep
-          | RequestApproval | StartCompensation | CompensateStep | FinishRun | ReopenSteps)
+          | RequestApproval | StartCompensation | CompensateStep | LeaveUndone | FinishRun
+          | ReopenSteps)
 #: Actions that only record an event: the executor calls ``record`` and nothing else.
 Recorded = StartLoop | CompleteStep | SkipStep | FailStep | RequestApproval \
-    | StartCompensation | FinishRun | ReopenSteps
+    | StartCompensation | LeaveUndone | FinishRun | ReopenSteps

@@ -12,8 +12,9 @@ from saga.composition import Plan
 from saga.composition.definition import Step
 from saga.composition.plan import BASE_NAMES
 from saga.domain import Run, StepState, step_key
+from saga.domain.undos import undo_calls
 from saga.errors import ExpressionError
-from saga.scheduler.actions import CompensateStep, FailStep, FinishRun, ReopenSteps
+from saga.scheduler.actions import CompensateStep, FailStep, FinishRun, LeaveUndone, ReopenSteps
 from saga.secrets import SecretNames
 
 
@@ -259,11 +260,15 @@ def max_attempts(plan: Plan, step: Step) -> int:
     return retries + 1
 
 
-def next_compensation(plan: Plan, run: Run, names: dict[str, Any]) -> CompensateStep | None:
+def next_compensation(plan: Plan, run: Run,
+                      names: dict[str, Any]) -> CompensateStep | LeaveUndone | None:
     """The next compensation a compensating run performs, None once all are done.
 
     ``names`` is the run's expression namespace; each compensation also sees its step's
-    recorded ``output`` and ``parameters`` and the run's ``error``.
+    recorded ``output`` and ``parameters`` and the run's ``error``. An undo call an
+    interruption cut short is called again (its next ``attempt``, the same key). A step
+    cut short before it recorded an output is still undone when its compensation can be
+    said without it; when it reads that output, it is left not undone (:data:`UNSAID`).
     """
     comp = run.compensation
     assert comp is not None
@@ -283,15 +288,32 @@ def next_compensation(plan: Plan, run: Run, names: dict[str, Any]) -> Compensate
             items = run.steps[step_key(step.id)]["parameters"]["items"]
             scope.update({step.loop_var: items[state["iteration"] - 1],
                           "loop_index": state["iteration"] - 1})
+        attempt = undo_calls(comp).get(key, 0) + 1
         if compensation.uses_tool_compensation:
-            return CompensateStep(step.id, state["iteration"], None, state.get("parameters"))
+            return CompensateStep(step.id, state["iteration"], None, state.get("parameters"),
+                                  attempt=attempt)
         try:
             parameters = expressions.render(compensation.parameters, scope)
         except ExpressionError as e:
+            if cut_short(state):
+                return LeaveUndone(step.id, state["iteration"], f"{UNSAID} ({e})")
             return CompensateStep(step.id, state["iteration"], compensation.tool, None,
                                   error=str(e))
-        return CompensateStep(step.id, state["iteration"], compensation.tool, parameters)
+        return CompensateStep(step.id, state["iteration"], compensation.tool, parameters,
+                              attempt=attempt)
     return None
+
+
+#: Why a step is left not undone when its compensation cannot be rendered without the
+#: output its interrupted attempt never recorded.
+UNSAID = "interrupted before its output was recorded: its compensation needs that output"
+
+
+def cut_short(state: StepState | dict[str, Any]) -> bool:
+    """A step execution undone though it never completed: its last attempt was cut short
+    (a worker's death, a quarantine, a cancel) and may have acted, with no output."""
+    return state["status"] == "failed" and (state.get("error") or {}).get("type") \
+        in CUT_SHORT | CANCELLED
 
 
 def compensation_ending(run: Run, failed: str | None,
@@ -324,14 +346,16 @@ def not_undone(plan: Plan, run: Run) -> list[str]:
     """Once a rollback has begun, or a run ended failed or cancelled without one: the step
     executions that may have acted and are not (or not yet) undone, in completion order,
     then those cut short (a worker's death, a cancel): no compensation of their own, one
-    that failed, or no rollback at all. Compute, sleep and signal steps act on nothing and
-    are never named (promise 5: what cannot be undone is named)."""
+    that failed, one that could not be said (``StepNotUndone``), or no rollback at all.
+    Compute, sleep and signal steps act on nothing and are never named (promise 5: what
+    cannot be undone is named)."""
     comp = run.compensation or {"done": {}}
     if run.compensation is None and run.status not in ("failed", "cancelled"):
         return []
     interrupted_ = [k for k, s in run.steps.items() if cut_call(plan, s)]
+    unsaid = [k for k, v in comp["done"].items() if v == "not_undone"]  # StepNotUndone
     left: list[str] = []
-    for key in dict.fromkeys([*run.completion_order, *interrupted_]):
+    for key in dict.fromkeys([*run.completion_order, *interrupted_, *unsaid]):
         state = run.steps.get(key)
         if state is None or is_loop_parent(plan, state):
             continue

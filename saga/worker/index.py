@@ -331,6 +331,7 @@ _REOPENING = frozenset({"RunRetried", "CompensationStarted", "RunReset"})
 #: Events a driver records while it drives: they need no other driver's attention.
 _QUIET = frozenset({"StepStarted", "StepWaiting", "StepFailed", "StepCompleted",
                     "StepSkipped", "HealStarted", "RemedyApplied", "StepCompensated",
+                    "StepCompensationStarted", "StepNotUndone",
                     "CompensationFailed", "ApprovalRequested", "HeartbeatRecorded",
                     "StepWaitingForResource"})
 #: A step's moves: they change a run's place only when it waits or retries something.

@@ -875,7 +875,8 @@ def test_compensation_history_in_reverse_completion_order(
     failed = next(e for e in events if e["type"] == "StepFailed")
     assert failed["step_id"] == "charge"
     assert failed["version"] < started["version"] < undone[0]["version"]
-    assert types[-len(undone) - 1:] == ["StepCompensated"] * len(undone) + ["RunCompensated"]
+    assert types[-2 * len(undone) - 1:] == \
+        ["StepCompensationStarted", "StepCompensated"] * len(undone) + ["RunCompensated"]
     assert events[-1]["payload"]["failed_step"] == "charge"
 
 

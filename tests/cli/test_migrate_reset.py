@@ -193,8 +193,9 @@ def test_reset_to_a_middle_step_undoes_then_reruns_with_new_keys(
     with Saga(settings, registry=registry) as s:
         kinds = [type(e).__name__ for e in s.events("R-reset")]
         reset_at = kinds.index("RunReset")
-        assert kinds[reset_at:reset_at + 4] == ["RunReset", "StepCompensated",
-                                                "StepCompensated", "StepsReopened"]
+        assert kinds[reset_at:reset_at + 6] == [
+            "RunReset", "StepCompensationStarted", "StepCompensated",
+            "StepCompensationStarted", "StepCompensated", "StepsReopened"]
         events = s.events("R-reset")
         event = events[reset_at]
         assert (event.actor, event.reason, event.undo) == ("ops", "card fixed", ["c", "b"])

@@ -93,8 +93,9 @@ steps:
     assert cancelled.returncode == 0, cancelled.stderr
     assert json.loads(cancelled.stdout)["status"] == "cancelled"
     history = json.loads(saga(["history", run_id, "--json"], tmp_path).stdout)
-    assert [e["type"] for e in history][-3:] == ["CompensationStarted", "StepCompensated",
-                                                 "RunCancelled"]
+    assert [e["type"] for e in history][-4:] == ["CompensationStarted",
+                                                 "StepCompensationStarted",
+                                                 "StepCompensated", "RunCancelled"]
     assert history[-1]["payload"]["actor"] == "ops"
     assert saga(["replay", run_id, "--verify"], tmp_path).returncode == 0
 

@@ -203,7 +203,8 @@ def test_a_failing_gate_fails_fast_and_compensates(saga: Saga,
     assert [c["params"] for c in calls("undo")] == [{"what": "implement-0"}]
     assert "join" not in run.steps and not run.approvals
     types = [e["type"] for e in saga.history(run.run_id)]
-    assert types[-3:] == ["CompensationStarted", "StepCompensated", "RunCompensated"]
+    assert types[-4:] == ["CompensationStarted", "StepCompensationStarted", "StepCompensated",
+                          "RunCompensated"]
 
 
 def test_without_fail_fast_the_rest_runs_and_skips_propagate(

@@ -14,8 +14,10 @@ Each violation names its invariant, and the known break it looks like when it do
   before the call); no call is made for a later attempt of a key whose attempt
   completed (a finished step never runs again); no call of an attempt is made after the
   log recorded that attempt ``Interrupted`` (a lapsed lease starts nothing). An undo
-  runs once per step unless the worker that ran it died. (Promises 1, 4, 8; breaks 2,
-  6, 7.)
+  call (its key, its attempt) is made at most once, and only one the log started
+  (``StepCompensationStarted``); a later attempt of an undo starts only after a
+  takeover found the earlier in flight (``RunTakenOver`` between), never once the
+  undo's end is recorded. (Promises 1, 4, 8; breaks 2, 6, 7.)
 - **undo-exact** — when a run compensates, its ``CompensationStarted`` names exactly the
   completed steps that can be undone (a ``compensate``, the tool's own undo, a child,
   a written file, loop iterations), in reverse completion order (plus, at most, an
@@ -23,7 +25,9 @@ Each violation names its invariant, and the known break it looks like when it do
   which may have acted); each is recorded once, in that order, and
   the ledger's undos happened in that order; every other completed step is still
   ``completed`` in ``saga status`` (named not undone); a written file exists exactly when
-  its step completed and was not undone. (Promise 5; breaks 3, 6.)
+  its step completed and was not undone; a step is recorded not undone
+  (``StepNotUndone``) only when it never completed (cut short, so no output). (Promise 5;
+  breaks 3, 6.)
 - **live** — the run ended (nothing is left ``running``, ``waiting`` or ``paused`` when
   the driver has answered every approval and signal and the timers are due); every
   child has ended too, and none is still moving when its parent was cancelled or failed.
@@ -33,7 +37,9 @@ Each violation names its invariant, and the known break it looks like when it do
 - **projection** — ``saga status`` of every run = its row in ``saga list --json`` = that
   row after ``saga projection rebuild``.
 - **oracle** — the final status, each step's status and the compensation order are
-  among those the oracle (:func:`tests.conformance.model.expect`) allows.
+  among those the oracle (:func:`tests.conformance.model.expect`) allows; a failed
+  compensation is only one the oracle says may fail (:func:`~tests.conformance.model.
+  undo_may_fail`): never an interrupted step's undo that reads the output it lacks.
 - **driver** — a command the driver issued failed unexpectedly (a crash, a traceback),
   or a read mid-run failed (e.g. ``saga status`` of a paused run: break 2).
 """
@@ -190,15 +196,49 @@ def _once(ledger: list[dict[str, Any]], histories: dict[str, list[dict[str, Any]
             bad.append(f"once: {c['key']} attempt {c['attempt']} was called by pid {c['pid']} "
                        f"{c['t'] - cut:.2f}s after the log recorded it Interrupted: a lapsed "
                        f"lease started a call (break 7: zombie worker)")
-    undos: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for c in ledger:
-        if c["kind"] == "undo":
-            undos[c["key"]].append(c)
-    for key, entries in undos.items():
-        if len(entries) > 1 and not all(e["pid"] in trace.killed | trace.stopped
-                                         for e in entries[:-1]):
-            bad.append(f"once: {key} undone {len(entries)} times by pids "
-                       f"{[e['pid'] for e in entries]}{hint}")
+    return bad + _undos_once(ledger, histories, hint)
+
+
+def _undos_once(ledger: list[dict[str, Any]], histories: dict[str, list[dict[str, Any]]],
+                hint: str) -> list[str]:
+    """Each undo call the log started (``StepCompensationStarted``: key, attempt) is made
+    at most once, and none the log did not start; a later attempt starts only after a
+    takeover (``RunTakenOver``) found the earlier in flight, never after the undo ended."""
+    bad = []
+    started: set[tuple[str, int]] = set()
+    for h in histories.values():
+        last: dict[tuple[str, int], tuple[str, int]] = {}  # step execution: (key, index)
+        ended: set[str] = set()
+        taken = [i for i, e in enumerate(h) if e["type"] == "RunTakenOver"]
+        for i, e in enumerate(h):
+            p = e["payload"]
+            execution = (e.get("step_id") or "", p.get("iteration", 0))
+            if e["type"] == "StepCompensationStarted":
+                key = p["idempotency_key"]
+                started.add((key, p["attempt"]))
+                if key in ended:
+                    bad.append(f"once: {key} undo attempt {p['attempt']} started after the "
+                               f"undo's end was recorded: a finished undo ran again{hint}")
+                before = last.get(execution)
+                if before is not None and before[0] == key \
+                        and not any(before[1] < t < i for t in taken):
+                    bad.append(f"once: {key} undo attempt {p['attempt']} started while the "
+                               f"one before was in flight, with no takeover between{hint}")
+                last[execution] = (key, i)
+            elif e["type"] in ("StepCompensated", "CompensationFailed", "StepNotUndone") \
+                    and execution in last:
+                ended.add(last[execution][0])
+    undos = [c for c in ledger if c["kind"] == "undo" and c["run"] in histories]
+    for (key, attempt), n in Counter((c["key"], c["attempt"]) for c in undos).items():
+        if n > 1:
+            pids = sorted({c["pid"] for c in undos if (c["key"], c["attempt"]) == (key, attempt)})
+            bad.append(f"once: {key} undo attempt {attempt} was called {n} times (pids "
+                       f"{pids}){hint}")
+    for c in undos:
+        if (c["key"], c["attempt"]) not in started:
+            bad.append(f"once: {c['key']} undo attempt {c['attempt']} was called (pid "
+                       f"{c['pid']}) with no StepCompensationStarted in the log: a taker "
+                       "cannot know it was in flight")
     return bad
 
 
@@ -295,7 +335,12 @@ def _undo_exact(run_id: str, h: list[dict[str, Any]], status: dict[str, Any],
                    "or a graph-form task?)")
         bad.append(f"undo-exact: {run_id} compensates {named}, but its completed undoable "
                    f"steps in reverse order are {want} (missing {missing}, extra {extra}){why}")
-    done = [_key(e) for e in h if e["type"] in ("StepCompensated", "CompensationFailed")]
+    done = [_key(e) for e in h
+            if e["type"] in ("StepCompensated", "CompensationFailed", "StepNotUndone")]
+    for e in h:  # not undone: only a step that never completed (no output to undo with)
+        if e["type"] == "StepNotUndone" and _key(e) in order:
+            bad.append(f"undo-exact: {run_id} step {_key(e)} completed but was recorded "
+                       f"not undone: {e['payload'].get('reason')}")
     if len(done) != len(set(done)):
         bad.append(f"undo-exact: {run_id} recorded a compensation twice: {done}")
     if done != named[:len(done)] or (h[-1]["type"] in ("RunCompensated", "RunCancelled")
@@ -402,6 +447,12 @@ def _oracle(case: dict[str, Any], status: dict[str, Any], h: list[dict[str, Any]
         bad.append(f"oracle: a healthy run was quarantined after {len(trace.killed)} kills "
                    f"and {len(trace.stopped)} stopped workers; it ended {status['status']} "
                    "(break 6: worker churn failed a healthy run)")
+    for key in (status.get("error") or {}).get("compensation_failed") or []:
+        if not model.undo_may_fail(case, _base(key)):
+            error = steps_error(status, key)
+            bad.append(f"oracle: the compensation of {key} failed ({error}), but its undo "
+                       "cannot fail: an interrupted step's undo that needs the output it "
+                       "never recorded is named not undone, not a failed compensation")
     if status["status"] not in exp.statuses:
         why = " (break 6: a healthy run quarantined under churn)" if quarantined else ""
         bad.append(f"oracle: the run ended {status['status']} ({status.get('error')}); the "
@@ -425,6 +476,11 @@ def _oracle(case: dict[str, Any], status: dict[str, Any], h: list[dict[str, Any]
         if named != exp.undo:
             bad.append(f"oracle: compensated {named}; the oracle says {exp.undo}")
     return bad
+
+
+def steps_error(status: dict[str, Any], key: str) -> Any:
+    """A step's recorded compensation error in ``saga status --json``."""
+    return (status.get("steps", {}).get(key) or {}).get("compensation_error")
 
 
 def describe(case: dict[str, Any], trace: Trace, where: Path) -> str:

@@ -21,7 +21,19 @@ must happen:
   run, a written file) are compensated in reverse completion order, and the run ends
   ``compensated``, or ``failed`` when one of those compensations fails or there was
   nothing to undo; without rollback it ends ``failed`` and a redrive may continue it;
-- with no failure the run ends ``completed``.
+- with no failure the run ends ``completed``;
+- an undo is called once. A worker's death (or a stop past its lease) in the middle of
+  an undo call leaves its ``StepCompensationStarted`` with no end: the worker that takes
+  the run over records ``RunTakenOver`` and calls the undo again, knowingly (the next
+  attempt, the same idempotency key). So an undo runs once per recorded start, and
+  again only after a takeover found it in flight, never after its end was recorded;
+- a step whose attempt was cut short before it recorded an output (a worker's death, a
+  cancel) may have acted, so it is undone too when its undo can be said without that
+  output (the tool's own undo, a child run); an explicit ``compensate`` that reads
+  ``{{ output.step }}`` cannot be, so the step is named not undone (``StepNotUndone``,
+  "interrupted before its output was recorded") and the other undos go on: it is never
+  a failed compensation. Only an undo the case makes fail (``failing``), or a written
+  file's whose write was cut short, may be recorded failed (:func:`undo_may_fail`).
 
 **Where timing decides, the oracle gives a set of allowed outcomes**, not one:
 
@@ -96,6 +108,18 @@ def undoable(case: dict[str, Any], step_id: str) -> bool:
         if s["id"] == step_id:
             return _undoable(s)
     return False
+
+
+def undo_may_fail(case: dict[str, Any], step_id: str) -> bool:
+    """Whether a step's compensation may be recorded failed (``CompensationFailed``): an
+    undo the case makes fail, or a ``file`` write's, whose own undo reads the state its
+    write recorded (a write cut short recorded none). Every other undo of the simulator's
+    succeeds: an interrupted step whose undo reads the output it never recorded is named
+    not undone instead, and a child run's undo ends with the child undone."""
+    spec = next((s for s in case["steps"] if s["id"] == step_id), None)
+    if spec is None:
+        return True  # not one of the case's steps: nothing to say
+    return spec["kind"] == "file" or spec.get("undo") == "failing"
 
 
 def _fails(step: dict[str, Any], redrives: int) -> bool:

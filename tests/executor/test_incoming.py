@@ -174,7 +174,8 @@ def test_cancel_cuts_the_call_in_flight_short(saga: Saga, settings: Settings,
     assert undone(log) == ["slow", "first"]
     assert types(saga, "CANCEL-1") == [
         "RunStarted", "StepStarted", "StepCompleted", "StepStarted", "CompensationStarted",
-        "StepFailed", "StepCompensated", "StepCompensated", "RunCancelled"]
+        "StepFailed", "StepCompensationStarted", "StepCompensated",
+        "StepCompensationStarted", "StepCompensated", "RunCancelled"]
 
 
 def test_cancel_of_a_call_in_a_thread_undoes_it_once_it_returns(
@@ -209,7 +210,8 @@ def test_a_cancel_taken_in_on_conflict_undoes_the_step_that_completed_meanwhile(
     assert done.returncode == 0, done.stdout + done.stderr
     assert types(saga, "CANCEL-3") == [
         "RunStarted", "StepStarted", "StepCompleted", "StepStarted", "CompensationStarted",
-        "StepCompleted", "StepCompensated", "StepCompensated", "RunCancelled"]
+        "StepCompleted", "StepCompensationStarted", "StepCompensated",
+        "StepCompensationStarted", "StepCompensated", "RunCancelled"]
     assert began(log, "slow") == 1
     assert undone(log) == ["slow", "first"]
 

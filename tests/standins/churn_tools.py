@@ -23,8 +23,12 @@ def _record(kind: str, ctx: ToolContext, **extra: Any) -> None:
 
 @tool("unwork")
 def unwork(params: dict, ctx: ToolContext) -> dict:
-    """The undo of ``work`` and ``poison``: records it (its key ends ``:compensate``)."""
+    """The undo of ``work`` and ``poison``: records it (its key ends ``:compensate``);
+    then takes ``seconds`` (none unless given) and records that it returned."""
     _record("undo", ctx)
+    if params.get("seconds"):
+        time.sleep(float(params["seconds"]))
+        _record("undone", ctx)
     return {"undone": ctx.step_id}
 
 

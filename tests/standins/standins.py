@@ -127,8 +127,15 @@ def act(params: dict, ctx: ToolContext) -> dict:
 
 @tool("undo")
 def undo(params: dict, ctx: ToolContext) -> dict:
-    """Records a compensation; fails when ``fail`` is true."""
+    """Records a compensation; fails when ``fail`` is true. With ``kill_once`` set to a
+    marker file path, SIGKILLs its own process right after recording, the first time (a
+    worker's death in the middle of an undo)."""
     record("undo", params, ctx)
+    marker = params.get("kill_once")
+    if marker and not os.path.exists(marker):
+        with open(marker, "w", encoding="utf-8") as f:
+            f.write(ctx.idempotency_key)
+        os.kill(os.getpid(), 9)
     if params.get("fail"):
         raise ToolError("undo failed")
     return {"undone": params.get("what")}
