@@ -29,7 +29,7 @@ from typing import Any
 
 from saga.api import Saga
 from saga.config import Settings
-from tests.conformance import model, notify_ops, revisions_ops
+from tests.conformance import model, notify_ops, pools_ops, revisions_ops
 
 ROOT = Path(__file__).resolve().parents[2]
 TERMINAL = {"completed", "failed", "compensated", "cancelled"}
@@ -114,6 +114,8 @@ class Simulation:
                                 stderr=subprocess.DEVNULL, start_new_session=True)
 
     def start_worker(self, *, tools: bool = True) -> subprocess.Popen[bytes]:
+        if tools and pools_ops.pooled(self.case):  # workers in pools (issue 42)
+            return pools_ops.start_worker(self)  # type: ignore[no-any-return]
         w = self.spawn("worker", "--poll", "0.05", "--lease", str(self.lease),
                        "--concurrency", "4", tools=tools)
         if tools:
@@ -246,7 +248,7 @@ class Simulation:
 
     def run(self) -> Trace:
         """Submit, drive under the operations to the end, stop every process."""
-        definition = model.composition(self.case, self.dir)
+        definition = pools_ops.assign(self.case, model.composition(self.case, self.dir))
         self.rev.definition = self.rev.initial = definition
         flow = self.dir / "flow.json"
         flow.write_text(json.dumps(definition, indent=1), encoding="utf-8")

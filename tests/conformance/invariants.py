@@ -53,7 +53,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from tests.conformance import model, notify_ops, revisions_check
+from tests.conformance import model, notify_ops, pools_ops, revisions_check
 from tests.conformance.harness import TERMINAL, Simulation, Trace
 
 
@@ -109,6 +109,7 @@ def check(sim: Simulation, trace: Trace) -> list[str]:
         if sim.ledger.exists() else []
     bad += _once(ledger, histories, trace)
     bad += notify_ops.check(sim, histories)  # issue 42
+    bad += pools_ops.check(sim, histories)  # issue 42
     for run_id, h in histories.items():
         undoable = _parent_undoable(case) if run_id == rid else _child_undoable
         # up to a reset (issue 40): revisions_check checks the reset's undo and what follows
