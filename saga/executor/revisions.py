@@ -133,7 +133,18 @@ def reset_plan(plan: Plan, run: Run, step_id: str) -> tuple[list[str], list[str]
     if not reopen:
         raise RunStateError(f"step {step_id!r} of run {run.run_id} has not run yet: "
                             "nothing to reset")
-    undo = [k for k in compensation_order(plan, run) if k in reopen]
+    # A step its compensation undid stays undone: a reset re-runs from it (or earlier),
+    # never past it (the steps after it would wait for it for ever, and the run would
+    # end with nothing run), and never undoes it a second time.
+    undone = [k for k in run.completion_order if k not in reopen
+              and run.steps[k]["status"] == "compensated"]
+    if undone:
+        first = run.steps[undone[0]]["step_id"]
+        raise RunStateError(f"step {first!r} of run {run.run_id} was undone by its "
+                            f"compensation and {step_id!r} follows it; reset to {first} "
+                            "(or earlier) to run them again")
+    undo = [k for k in compensation_order(plan, run)
+            if k in reopen and run.steps[k]["status"] != "compensated"]
     return undo, reopen
 
 
