@@ -47,6 +47,9 @@ for store in sorted({r["store"] for r in rows}):
     print(f"conformance {store}: {len(mine)} cases, {total('steps')} steps, {total('ops')} "
           f"operations, {total('kills')} kills, {total('zombies')} zombies, "
           f"{total('reads')} reads, {total('commands')} commands, "
+          f"{sum(r.get('migrations', 0) for r in mine)} migrations, "
+          f"{sum(r.get('resets', 0) for r in mine)} resets, "
+          f"{sum(r.get('labels', 0) for r in mine)} label changes, "
           f"{sum(r['failed'] for r in mine)} failing", file=sys.stderr)
 PY
 echo "conformance: seed ${SIM_SEED:-38} (replay with: bash ops/conformance.sh --seed ${SIM_SEED:-38})" >&2

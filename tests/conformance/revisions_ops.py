@@ -45,7 +45,8 @@ SAFE = ("append", "change", "race")
 UNSAFE = ("change_started", "remove_started", "reorder_started")
 #: What a step is once it has run (a signal step still waiting has not).
 SETTLED = {"completed", "failed", "skipped", "compensated"}
-_REFUSED_RESET = ("in flight", "compensating", "has not run yet", "nothing to reset")
+_REFUSED_RESET = ("in flight", "compensating", "has not run yet", "nothing to reset",
+                  "was undone by its compensation")
 
 
 def base(key: str) -> str:
