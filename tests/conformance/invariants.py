@@ -257,6 +257,10 @@ def _hint(trace: Trace) -> str:
                     "over from its live worker")
     if "resume" in ops:
         said.append("saga resume drove the run beside a live worker")
+    if any(o.partition(":")[0] in ("label", "migrate") for o in ops):
+        said.append("issue 40: a label or a migration recorded while a call was in flight; "
+                    "the live worker gave the run up, took it over from itself and called "
+                    "the step again")
     return f" ({'; or '.join(said)})" if said else " (a new break)"
 
 
