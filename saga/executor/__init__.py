@@ -26,7 +26,7 @@ from saga.domain import Run, StepState
 from saga.errors import RunNotFoundError, SagaError, ToolsMissingError
 from saga.executor.drive import Drive, EventHook, LeaseLike
 from saga.executor.incoming import WATCH_EVERY
-from saga.executor.pools import Pools
+from saga.executor.pools import Pools, excused
 from saga.store.application import SagaApplication
 from saga.store.cache import ToolCache
 from saga.store.group_commit import GroupCommit
@@ -281,7 +281,11 @@ class Executor:
         """Async form of :meth:`drive` (ToolsMissingError, with nothing recorded, when the
         registry lacks a tool the run names)."""
         plan = plan_of(run)
-        check_tools(self.registry, run, plan, self.app.get_run)
+        try:
+            check_tools(self.registry, run, plan, self.app.get_run)
+        except ToolsMissingError as e:  # a worker of one pool needs only its tools
+            if lease is None or not excused(plan, self.pools, e.tools):
+                raise
         # A worker's group commit counts its drives, a child run's too (see GroupCommit).
         with self.group.driving() if self.group is not None else contextlib.nullcontext():
             return await Drive(self, run, plan, lease).go()

@@ -31,6 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from saga.composition import Plan
 from saga.domain.pools import await_pool, recorded_waits
 from saga.scheduler import decide
 from saga.scheduler.pools import matches, needs, pool_of, pooled
@@ -61,6 +62,24 @@ class Pools:
         """The pools in words, for the worker's log."""
         names = ", ".join(sorted(self.names)) or "none"
         return f"pools {names}" + ("" if self.only else " and unpooled steps")
+
+
+def excused(plan: Plan, served: Pools | None, missing: Iterable[str]) -> bool:
+    """Whether a worker serving ``served`` may drive a run of ``plan`` though it lacks
+    the ``missing`` tools: each is named only by steps of pools it does not serve (their
+    calls, undos and remedies), which it never runs. A host of one pool needs only that
+    pool's tools (a tool a nested composition of another pool's ``use:`` step names
+    still counts: it is not looked up here)."""
+    if served is None:
+        return False
+    mine: set[str] = set()
+    theirs: set[str] = set()
+    for step in plan.steps.values():
+        calls = [step.compensation, *(call for h in step.heal for call in h.do)]
+        names = {c.tool for c in calls if c is not None and c.tool is not None}
+        names |= {step.tool} if step.tool is not None else set()
+        (mine if served.serves(step.pool) else theirs).update(names)
+    return all(tool in theirs and tool not in mine for tool in missing)
 
 
 def elsewhere(drive: Drive, step_id: str) -> bool:

@@ -39,12 +39,14 @@ def where(params: dict, ctx: ToolContext) -> dict:
                             "pid": os.getpid()}) + "\\n")
     return {"tag": os.environ["POOL_TAG"]}
 '''
+#: A tool only the hosts of pool c have (their workers alone load this module).
+VPN_TOOLS = TOOLS.replace('"where"', '"tunnel"').replace("def where", "def tunnel")
 
 
 def _env(settings: Settings, tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAGA_")}
     env |= {"SAGA_LEASE_SECONDS": "20", "POOL_TEST_LOG": str(tmp_path / "calls.jsonl"),
-            "POOL_TAG": "cli", "SAGA_TOOLS": "pool_tools",
+            "POOL_TAG": "cli", "SAGA_TOOLS": "pool_tools,vpn_tools",
             "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
     if settings.is_postgres:
         env |= {"SAGA_DATABASE_URL": settings.database_url or "",
@@ -60,11 +62,13 @@ def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @contextmanager
-def _worker(env: dict[str, str], tag: str, *pool_args: str) -> Iterator[subprocess.Popen[str]]:
-    """A real ``saga worker`` process named ``tag`` (its id, and what its tool notes)."""
+def _worker(env: dict[str, str], tag: str, *pool_args: str,
+            tools: str = "pool_tools") -> Iterator[subprocess.Popen[str]]:
+    """A real ``saga worker`` process named ``tag`` (its id, and what its tool notes),
+    with the tools of ``tools`` (modules, comma-separated)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "saga.cli", "worker", "--poll", "0.1", "--id", tag,
-         *pool_args], cwd=ROOT, env={**env, "POOL_TAG": tag},
+         *pool_args], cwd=ROOT, env={**env, "POOL_TAG": tag, "SAGA_TOOLS": tools},
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         yield proc
@@ -93,8 +97,9 @@ def _calls(tmp_path: Path, run_id: str) -> list[dict[str, Any]]:
     return [c for c in map(json.loads, lines) if c["run"] == run_id]
 
 
-def _step(step_id: str, pool: str | None, after: str | None) -> dict[str, Any]:
-    step: dict[str, Any] = {"id": step_id, "tool": "where"}
+def _step(step_id: str, pool: str | None, after: str | None,
+          tool: str = "where") -> dict[str, Any]:
+    step: dict[str, Any] = {"id": step_id, "tool": tool}
     if pool is not None:
         step["pool"] = pool
     if after is not None:
@@ -105,13 +110,15 @@ def _step(step_id: str, pool: str | None, after: str | None) -> dict[str, Any]:
 def test_runs_move_between_pool_workers_and_wait_for_a_missing_pool(
         settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "pool_tools.py").write_text(TOOLS)
+    (tmp_path / "vpn_tools.py").write_text(VPN_TOOLS)
     monkeypatch.syspath_prepend(str(tmp_path))
     env = _env(settings, tmp_path)
-    with Saga(settings, registry=load_registry(["pool_tools"])) as s:
+    with Saga(settings, registry=load_registry(["pool_tools", "vpn_tools"])) as s:
         hops = s.load({"name": "hops", "steps": [
             _step("s1", "a", None), _step("s2", "b", "s1"), _step("s3", "a", "s2")]})
         late = s.load({"name": "late", "steps": [
-            _step("t1", "a", None), _step("t2", "c", "t1"), _step("t3", None, "t2")]})
+            _step("t1", "a", None), _step("t2", "c", "t1", "tunnel"),
+            _step("t3", None, "t2")]})
         hopping = s.submit(hops).run_id
         waiting = s.submit(late).run_id
         s.leases  # noqa: B018 - the tables exist before the workers start
@@ -150,8 +157,9 @@ def test_runs_move_between_pool_workers_and_wait_for_a_missing_pool(
                 [("t2", "c")]
             assert [c["step"] for c in _calls(tmp_path, waiting)] == ["t1"]
 
-            # A worker of pool c (and, without --only-pools, of unpooled steps) comes.
-            with _worker(env, "wc", "--pool", "c") as wc:
+            # A worker of pool c (and, without --only-pools, of unpooled steps) comes: it
+            # alone has the tool t2 calls (wa ran t1 without it).
+            with _worker(env, "wc", "--pool", "c", tools="pool_tools,vpn_tools") as wc:
                 _wait_for(s, waiting, "completed", [wa, wb, wc])
             calls = _calls(tmp_path, waiting)
             assert [(c["step"], c["tag"]) for c in calls] == [
