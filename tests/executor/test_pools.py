@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 
 from saga import Saga
 from saga.config import Settings
 from saga.executor.pools import Pools
+from saga.server.app import create_app
 from saga.tools import load_registry
 from saga.worker import Worker
 
@@ -213,6 +215,10 @@ def test_an_undo_waits_for_its_steps_pool_and_no_other_worker_claims_the_run(
     assert s.status(run_id)["waiting_for_pools"] == [
         {"step": "s1", "pool": "a", "compensation": True,
          "since": s.status(run_id)["waiting_for_pools"][0]["since"]}]
+    with TestClient(create_app(s.settings, worker=False),
+                    base_url="http://127.0.0.1") as http:  # the HTTP API says the same
+        answer = http.get(f"/api/v1/runs/{run_id}").json()
+    assert [(w["step"], w["pool"]) for w in answer["waiting_for_pools"]] == [("s1", "a")]
     undone = worker("a")
     undone.run(until_idle=True)
     run = s.get(run_id)
