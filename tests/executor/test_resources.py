@@ -1,6 +1,7 @@
-"""Resource limits driven in one process (``saga run``), on SQLite and PostgreSQL: parallel
-steps of one resource take turns, a nested composition's step waits in its parent's
-drive past the hold, and the ``http`` tool counts against ``http:HOST`` by default."""
+"""Resource limits driven in one process (``saga run``), on SQLite (the real processes of
+test_resource_processes cover PostgreSQL too): parallel steps of one resource take
+turns, a nested composition's step waits in its parent's drive past the hold, and the
+``http`` tool counts against ``http:HOST`` by default."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from saga.tools import Registry, Tool
 
 
 @pytest.fixture
-def limited(settings: Settings, registry: Registry) -> Iterator[Saga]:
-    s = Saga(dataclasses.replace(settings, hold_seconds=1.0, resources=parse_resources(
+def limited(sqlite_settings: Settings, registry: Registry) -> Iterator[Saga]:
+    s = Saga(dataclasses.replace(sqlite_settings, hold_seconds=1.0, resources=parse_resources(
         {"db": {"concurrency": 1}})), registry=registry.copy())
     yield s
     for _, run_id in s.app.run_ids():
