@@ -41,6 +41,7 @@ from saga.store.liveness import Liveness
 from saga.store.reconnect import backoff
 from saga.telemetry import metrics
 from saga.worker.index import RunIndex
+from saga.worker.pools import POOL_RECHECK
 from saga.worker.resources import ResourceWaits
 
 __all__ = ["CLAIM_ROUNDS", "HELD_RECHECK", "LACKING_RECHECK", "LOOK_AHEAD", "WORKER_HOLD",
@@ -240,7 +241,8 @@ class Worker:
         for run_id in self.liveness.sweep():  # their holders died: runnable now
             self.index.held(run_id, self.index.clock().isoformat())
         while self._failed:  # else the next look drives it again, and fails, at once
-            self._held_elsewhere({self._failed.popleft(): self.leases.clock() + HELD_RECHECK})
+            self._held_elsewhere({self._failed.popleft(): self.leases.clock() + HELD_RECHECK},
+                                 failed=True)
         while self._lacking:
             later = datetime.fromtimestamp(self.leases.clock() + LACKING_RECHECK, UTC)
             self.index.held(self._lacking.popleft(), later.isoformat())
@@ -379,12 +381,14 @@ class Worker:
             else:
                 self._loaded.pop(run_id, None)
 
-    def _held_elsewhere(self, expiries: dict[str, float]) -> None:
-        """Note in the index the runs other workers hold, with their leases' expiry (or
-        when a run whose drive failed here is to be tried again)."""
+    def _held_elsewhere(self, expiries: dict[str, float], failed: bool = False) -> None:
+        """Note in the index the runs other workers hold, with their leases' expiry (or,
+        ``failed``, when a run whose drive failed here is to be tried again)."""
         now = self.leases.clock()
         for run_id, expires in expiries.items():
-            until = min(expires, now + HELD_RECHECK)
+            # a run handed to a pool this worker serves is given up by its holder at once
+            soon = not failed and self.index.awaits_served(run_id)
+            until = min(expires, now + (POOL_RECHECK if soon else HELD_RECHECK))
             self.index.held(run_id, datetime.fromtimestamp(until, UTC).isoformat())
 
     def _release_ended(self) -> None:

@@ -249,6 +249,11 @@ class RunIndex:
             return [key[3] for key in self._ready if key[3] not in self._parked]
         return [key[3] for key in self._ready]
 
+    def awaits_served(self, run_id: str) -> bool:
+        """Whether the run waits for a pool the worker serves (saga.worker.pools)."""
+        followed = self.runs.get(run_id)
+        return followed is not None and bool(pools.served(followed.pools, self.serves))
+
     def queue_of(self, run_id: str) -> str:
         """The queue a run is claimed from (``default`` for a run not followed)."""
         followed = self.runs.get(run_id)
@@ -276,9 +281,6 @@ class RunIndex:
         all but one would find nothing to do."""
         run = self.runs.get(run_id)
         if run is not None:
-            if pools.served(run.pools, self.serves):  # its holder gives it up for us
-                soon = self.clock() + timedelta(seconds=pools.POOL_RECHECK)
-                until = min(until, soon.isoformat())
             run.held_until = until
             self._place(run_id)
 
