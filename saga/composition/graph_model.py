@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from saga.composition.definition import RetryPolicy, ToolCall
+from saga.composition.notify import NotifyTarget
 from saga.lazy import lazy
 
 if TYPE_CHECKING:
@@ -185,6 +186,8 @@ class GraphHead(_Model):
     entry_point: str
     exit_points: list[str] = Field(default_factory=list)
     config: GraphConfig = Field(default_factory=GraphConfig)
+    #: Webhooks told of this run's events, as a step-list composition's ``notify:``.
+    notify: list[NotifyTarget] = Field(default_factory=list)
 
     @field_validator("version", mode="before")
     @classmethod

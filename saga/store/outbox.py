@@ -94,10 +94,12 @@ class Outbox:
     def position(self, name: str) -> int:
         """Where the follower ``name`` (one per partition's log) has derived up to."""
         self._ensure()
-        self._db.execute("INSERT INTO saga_outbox_position (name, position) VALUES (?, 0) "
-                         "ON CONFLICT (name) DO NOTHING", (name,))
-        rows = self._db.query("SELECT position FROM saga_outbox_position WHERE name = ?",
-                              (name,))
+        select = "SELECT position FROM saga_outbox_position WHERE name = ?"
+        rows = self._db.query(select, (name,))
+        if not rows:  # its first look (a write only then: this is read every round)
+            self._db.execute("INSERT INTO saga_outbox_position (name, position) VALUES (?, 0) "
+                             "ON CONFLICT (name) DO NOTHING", (name,))
+            rows = self._db.query(select, (name,))
         return int(rows[0]["position"])
 
     def derive(self, name: str, position: int, last: int, rows: Sequence[Row]) -> bool:
@@ -128,6 +130,9 @@ class Outbox:
         due = _DUE + (" FOR UPDATE SKIP LOCKED" if self._db.pg else "")
         update = (f"UPDATE saga_notifications SET lease_until = ?, leased_by = ?, "
                   f"attempts = attempts + 1 WHERE id IN ({due}) RETURNING {', '.join(COLUMNS)}")
+
+        if not self._db.query(_DUE, (now, now, 1)):
+            return []  # nothing due: no write transaction (a worker looks every round)
 
         def once() -> list[Claimed]:
             with self._db.tx() as cur:

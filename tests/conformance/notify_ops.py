@@ -85,7 +85,7 @@ events = {json.dumps(sorted(set(NEWS.values()) | {"run.quarantined"}))}
 secret_env = "SIM_HOOK_SECRET"
 
 [notifications]
-backoff_max = "1s"
+backoff_max = "0.2s"
 """, encoding="utf-8")
     sim.env["SIM_HOOK_SECRET"] = SECRET
     return receiver

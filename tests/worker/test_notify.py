@@ -303,12 +303,20 @@ def test_the_kinds_of_news_and_the_filters(sqlite_settings: Settings) -> None:
         wait = saga.run(saga.load({"name": "wait", "steps": [
             {"id": "go", "signal": "go", "timeout": 3600}]})).run_id
         saga.cancel(wait, reason="not today")
+        graph = saga.run(saga.load({  # the graph form takes notify: too
+            "id": "g", "name": "graph", "entry_point": "a",
+            "notify": [{"url": f"http://127.0.0.1:{port}/graph", "events": ["run.failed"],
+                        "secret_env": "HOOK_SECRET"}],
+            "nodes": [{"id": "a", "type": "task",
+                       "task_config": {"role": "fail", "task_template": "x"}}]})).run_id
         notifier.round()
         assert sorted((g[0], json.loads(g[2])["type"], json.loads(g[2])["run_id"])
                       for g in receiver.got) == sorted([
             ("/all", "run.waiting", gate), ("/paying", "run.waiting", gate),
-            ("/all", "run.waiting", wait), ("/all", "run.cancelled", wait)])
-        assert all(json.loads(g[2])["status"] in ("waiting", "cancelled") for g in receiver.got)
+            ("/all", "run.waiting", wait), ("/all", "run.cancelled", wait),
+            ("/graph", "run.failed", graph)])
+        assert {json.loads(g[2])["status"] for g in receiver.got} == {"waiting", "cancelled",
+                                                                      "failed"}
     finally:
         notifier.stop()
         saga.close()
