@@ -42,7 +42,7 @@ class ResourceWaits:
             run_id = self.slots.released.popleft()
             self.waiting.add(run_id)
             index.held(run_id, _iso(now + RECHECK))
-        self.waiting &= set(index.runs)  # ended, or no longer this index's
+        self.waiting = {r for r in self.waiting if r in index.runs}  # ended ones go
         if not self.waiting:
             return
         try:
