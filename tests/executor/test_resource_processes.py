@@ -215,11 +215,11 @@ def test_a_killed_workers_slot_comes_back_after_its_lease(
         settings: Settings, spans_registry: Registry, fleet: Callable[..., Fleet],
         tmp_path: Path) -> None:
     log = tmp_path / "spans.log"
-    f = fleet("[resources.db]\nconcurrency = 1\n", lease=2.0)
+    f = fleet("[resources.db]\nconcurrency = 1\n", lease=1.5)
     limited = dataclasses.replace(settings, resources=parse_resources(
         {"db": {"concurrency": 1}}))
     with Saga(limited, registry=spans_registry) as s:
-        long = s.submit(s.load(one_call(log, 4.0))).run_id
+        long = s.submit(s.load(one_call(log, 2.5))).run_id
         s.leases  # noqa: B018
         doomed = f.worker("doomed")
         wait_until(lambda: bool(spans(log)), 60, "the long call")
