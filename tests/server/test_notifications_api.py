@@ -7,7 +7,10 @@ from collections.abc import Callable
 from typing import Any
 
 from tests.server.conftest import Server
+from tests.server.test_viewer import browser, shot, wait
 from tests.worker.test_notify import SECRET, Receiver, docs_verify, free_port, until
+
+__all__ = ["browser"]  # the fixture, used by name
 
 
 def test_notifications_over_http(make_server: Callable[..., Server]) -> None:
@@ -39,5 +42,30 @@ def test_notifications_over_http(make_server: Callable[..., Server]) -> None:
             assert c.get("/api/v1/notifications", params={"status": "lost"}).status_code == 422
             page = c.get(f"/runs/{run_id}", headers={"Accept": "text/html"}).text
             assert 'id="notifications-card"' in page
+    finally:
+        receiver.stop()
+
+
+def test_the_viewer_shows_a_runs_notifications(make_server: Callable[..., Server],
+                                               browser: Any) -> None:
+    receiver = Receiver(free_port())
+    receiver.answers["/down"] = (503, {})
+    receiver.start()
+    server = make_server(HOOK_SECRET=SECRET)
+    hooks = [{"url": f"http://127.0.0.1:{receiver.port}/{path}", "events": ["run.failed"],
+              "secret_env": "HOOK_SECRET"} for path in ("up", "down")]
+    try:
+        with server.client() as c:
+            run_id = c.post("/api/v1/runs", json={"composition": {
+                "name": "shown", "steps": [{"id": "a", "tool": "fail"}],
+                "notify": hooks}}).json()["run_id"]
+            server.wait_for(c, run_id)
+        browser.get(server.page(f"/runs/{run_id}"))
+        delivered = wait(browser, '#notifications tr[data-status="delivered"]')[0]
+        pending = wait(browser, '#notifications tr[data-status="pending"]')[0]
+        # the card opens by itself: a notification is not delivered yet
+        assert "run.failed" in delivered.text and "/up" in delivered.text
+        assert "HTTP 503" in pending.text and "/down" in pending.text
+        shot(browser, "run-notifications.png")
     finally:
         receiver.stop()

@@ -730,10 +730,12 @@ var saga = (function () {
       document.getElementById("notifications-count").textContent = list.length
         ? list.length + " · " + list.filter(function (n) { return n.status === "delivered"; }).length
           + " delivered" : "none";
+      if (list.some(function (n) { return n.status !== "delivered"; }))
+        document.getElementById("notifications-card").open = true;  // one needs a look
       list.forEach(function (n) {
         var tries = n.attempts_log || [], last = tries[tries.length - 1];
-        var said = !last ? "not tried yet" : last.outcome + (last.status_code ? " (HTTP "
-          + last.status_code + ")" : "") + (last.error ? ": " + last.error : "");
+        var said = !last ? "not tried yet" : last.outcome + (last.error ? ": " + last.error
+          : last.status_code ? " (HTTP " + last.status_code + ")" : "");
         body.appendChild(el("tr", {"data-notification": n.id, "data-status": n.status},
           el("td", {text: n.type, title: "event " + n.event_id}), el("td", {text: n.target}),
           el("td", {}, el("span", {"class": "badge " + cls(n.status === "delivered" ? "completed"
