@@ -23,8 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from click.testing import CliRunner
 
 from saga import Saga
+from saga.cli import main
 from saga.config import Settings, load_settings
 from saga.store.outbox import Outbox
 from saga.worker.notify import Notifier
@@ -263,21 +265,18 @@ def test_redirects_are_not_followed_and_plain_http_goes_to_loopback_only(
                   **({"allow_insecure": True} if name == "allowed.yaml" else {})}
         (tmp_path / name).write_text(yaml.safe_dump(
             {"name": "n", "steps": [{"id": "a", "tool": "noop"}], "notify": [target]}))
-    env = {**os.environ, "SAGA_HOME": str(sqlite_settings.home)}
-    env.pop("SAGA_DATABASE_URL", None)
-    refused = subprocess.run([sys.executable, "-m", "saga.cli", "validate",
-                              str(tmp_path / "insecure.yaml")], env=env, capture_output=True,
-                             text=True, timeout=60)
-    assert refused.returncode == 2 and "allow_insecure" in refused.stdout + refused.stderr
-    allowed = subprocess.run([sys.executable, "-m", "saga.cli", "validate",
-                              str(tmp_path / "allowed.yaml")], env=env, capture_output=True,
-                             text=True, timeout=60)
-    assert allowed.returncode == 0, allowed.stderr
-    (tmp_path / "saga.toml").write_text('[[notify]]\nurl = "http://10.1.2.3/hook"\n'
-                                        'events = ["run.failed"]\nsecret_env = "S"\n')
-    worker = subprocess.run([sys.executable, "-m", "saga.cli", "worker", "--until-idle"],
-                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
-    assert worker.returncode == 2 and "is plain http" in worker.stderr, worker.stderr
+    env = {"SAGA_HOME": str(sqlite_settings.home), "SAGA_DATABASE_URL": None,
+           "SAGA_CONFIG": None}
+    runner = CliRunner()
+    refused = runner.invoke(main, ["validate", str(tmp_path / "insecure.yaml")], env=env)
+    assert refused.exit_code == 2 and "allow_insecure" in refused.output, refused.output
+    allowed = runner.invoke(main, ["validate", str(tmp_path / "allowed.yaml")], env=env)
+    assert allowed.exit_code == 0, allowed.output
+    (tmp_path / "bad.toml").write_text('[[notify]]\nurl = "http://10.1.2.3/hook"\n'
+                                       'events = ["run.failed"]\nsecret_env = "S"\n')
+    worker = runner.invoke(main, ["worker", "--until-idle"],
+                           env=env | {"SAGA_CONFIG": str(tmp_path / "bad.toml")})
+    assert worker.exit_code == 2 and "is plain http" in worker.output, worker.output
 
 
 
