@@ -148,6 +148,7 @@ class Liveness:
         self.key = lock_key(env.get("POSTGRES_SCHEMA", "public") if self.pg else
                             str(lock_folder(db)), worker)
         self._conn: Any = None  # PostgreSQL: the connection that holds the lock
+        self._locked = False  # ... once it has taken it
         self._fd: int | None = None  # SQLite: the open lock file
         self._swept = float("-inf")  # when the last sweep ran (monotonic)
         self._dead_sql = ("SELECT run_id FROM saga_leases AS l WHERE l.worker <> {mark} AND "
@@ -156,8 +157,10 @@ class Liveness:
     @property
     def alive(self) -> bool:
         """Whether this worker holds its lock (so its leases still count)."""
-        return self._fd is not None or (self._conn is not None and not self._conn.closed
-                                        and not self._conn.broken)
+        return self._fd is not None or (self._locked and self._usable())
+
+    def _usable(self) -> bool:
+        return self._conn is not None and not self._conn.closed and not self._conn.broken
 
     def start(self, wait: float) -> None:
         """Take the lock, waiting up to ``wait`` seconds for a process that had this id
@@ -203,17 +206,18 @@ class Liveness:
         return True
 
     def _lock_pg(self) -> bool:
-        conn = self._conn if self.alive else self._connect()
-        self._conn = conn
+        if not self._usable():
+            self._conn = self._connect()
         try:
-            got = conn.execute("SELECT pg_try_advisory_lock(%s, %s)",
-                               (LIVE_LOCK, self.key)).fetchone()[0]
+            got = self._conn.execute("SELECT pg_try_advisory_lock(%s, %s)",
+                                     (LIVE_LOCK, self.key)).fetchone()[0]
         except Exception as e:
             self._drop()
             raise StoreUnavailableError(f"cannot reach the event store "
                                         f"({self.db.settings.store_description}): "
                                         f"{first_line(e)}") from e
-        return bool(got)
+        self._locked = bool(got)
+        return self._locked
 
     def _connect(self) -> Any:
         """A connection of the worker's own, with keepalives both ways."""
@@ -239,6 +243,7 @@ class Liveness:
         return conn
 
     def _drop(self) -> None:
+        self._locked = False
         if self._conn is not None:
             with contextlib.suppress(Exception):
                 self._conn.close()
