@@ -226,3 +226,24 @@ def test_an_undo_waits_for_its_steps_pool_and_no_other_worker_claims_the_run(
     assert [(e["type"], e["payload"].get("worker")) for e in s.history(run_id)
             if e["type"] == "StepStarted"] == [("StepStarted", "w-a"), ("StepStarted", "w-b")]
     assert "waiting_for_pools" not in s.status(run_id)
+
+
+def test_a_run_waiting_for_a_pool_still_times_out(lite: Saga) -> None:
+    """A run's deadline applies while it waits for a pool no worker serves: a worker of
+    another pool takes it up when the deadline passes, and undoes what it did."""
+    s = lite
+    plan = s.load({"name": "late-pool", "steps": [
+        {"id": "s1", "tool": "act", "compensate": {"tool": "undo", "parameters": {}}},
+        {"id": "s2", "tool": "act", "pool": "nowhere", "depends_on": ["s1"]}]})
+    run_id = s.submit(plan, options={"timeout": 4}).run_id
+    plain = s.worker_loop(worker_id="plain", poll_interval=0.05, lease_seconds=30)
+    plain.run(until_idle=True)
+    assert s.status(run_id)["waiting_for_pools"][0]["pool"] == "nowhere"
+    deadline = time.monotonic() + 30
+    while s.get(run_id).status not in ("compensated", "failed"):
+        assert time.monotonic() < deadline, s.status(run_id)
+        plain.run(until_idle=True)  # idle until the deadline: then it takes the run up
+        time.sleep(0.1)
+    kinds = [e["type"] for e in s.history(run_id)]
+    assert kinds[kinds.index("StepAwaitingPool") + 1] == "RunTimedOut", kinds
+    assert s.get(run_id).status == "compensated" and "s2" not in s.get(run_id).steps
