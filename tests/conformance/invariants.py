@@ -221,7 +221,7 @@ def _undos_once(ledger: list[dict[str, Any]], histories: dict[str, list[dict[str
                     bad.append(f"once: {key} undo attempt {p['attempt']} started after the "
                                f"undo's end was recorded: a finished undo ran again{hint}")
                 before = last.get(execution)
-                if before is not None and before[0] == key \
+                if key not in ended and before is not None and before[0] == key \
                         and not any(before[1] < t < i for t in taken):
                     bad.append(f"once: {key} undo attempt {p['attempt']} started while the "
                                f"one before was in flight, with no takeover between{hint}")
