@@ -507,7 +507,7 @@ TARGETED: dict[str, dict[str, Any]] = {
                         _a("s3", undo="own"), _a("s4", undo="none"), _a("s5")],
                        [[0.2, "migrate:change"], [0.5, "migrate:change_started"],
                         [0.8, "reset"], [1.0, "migrate:race"], [1.2, "label"],
-                        [4.0, "reset"]], 112, answer_delay=1.5),
+                        [9.0, "reset"]], 112, answer_delay=2.5),
     # break 7: a worker stopped past its lease in the middle of a chain of calls
     "zombie": _case([_a(f"s{i}", slow=0.05 if i % 3 else 0.4) for i in range(12)],
                     [[0.3, "zombie"], [1.6, "zombie"]], 107, workers=2),
