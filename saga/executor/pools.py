@@ -98,10 +98,9 @@ async def hand_over(drive: Drive) -> bool:
     """The drive has nothing in flight and the run is not finished: record a
     ``StepAwaitingPool`` for each step start or compensation the scheduler decides now
     that needs a pool its worker does not serve (unless recorded already, and not
-    forgotten since), and save them
-    in one append that gives the run's lease up too (or, where the store cannot, give it
-    up at once after): a worker of that pool claims the run next. Whether the drive
-    handed the run over so."""
+    forgotten since), and save them in one append that gives the run's lease up too
+    (or, where the store cannot, give it up at once after): a worker of that pool
+    claims the run next. Whether the drive handed the run over so."""
     served = drive.x.pools
     run, lease = drive.run, drive.lease
     if served is None or lease is None or run.is_finished or run.paused \
