@@ -21,6 +21,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from saga.api import Saga
+from saga.composition.notify_config import config_targets, notify_settings
 from saga.config import DEFAULT_TENANT, Settings, tenant_names, tenant_settings
 from saga.errors import (
     ConfigError,
@@ -107,6 +108,9 @@ class Service:
                                        or SESSION_SECONDS))
         self.saga = Saga(settings, tools=tools)
         self.with_worker, self.concurrency, self.poll = worker, concurrency, poll
+        if worker:  # its worker notifies: a wrong [[notify]] stops serve now, not it later
+            config_targets(settings)
+            notify_settings(settings)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 

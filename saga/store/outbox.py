@@ -13,7 +13,8 @@ PostgreSQL, under SQLite's ``BEGIN IMMEDIATE``), so two workers never send one
 notification at once; the claim counts the attempt and records it in
 ``saga_notification_attempts`` before anything is sent, and the result is written only
 while the lease is still the claimer's. A worker that dies mid-send leaves its attempt
-``sending``; the row is claimed again once the lease lapses.
+``sending``; the row is claimed again once the lease lapses, and that attempt is then
+recorded ``interrupted``.
 
 The tables live beside the other side tables (the first partition, when partitioned).
 """
@@ -54,6 +55,7 @@ COLUMNS = ("id", "event_id", "target", "run_id", "type", "body", "secret_env",
 ATTEMPT_COLUMNS = ("notification_id", "attempt", "worker", "started_at", "finished_at",
                    "outcome", "status_code", "error")
 STATUSES = ("pending", "delivered", "failed")
+INTERRUPTED = "its worker stopped before it recorded the answer (it may have been received)"
 _ID = re.compile(r"[0-9a-f]{4,16}")  # a notification's id, or a prefix of one
 _INSERT = (f"INSERT INTO saga_notifications ({', '.join(COLUMNS)}) VALUES "
            f"({', '.join('?' for _ in COLUMNS)}) ON CONFLICT DO NOTHING")
@@ -138,12 +140,20 @@ class Outbox:
             with self._db.tx() as cur:
                 cur.execute(self._db.sql(update), (lease_until, worker, now, now, limit))
                 rows = [dict(zip(COLUMNS, r, strict=True)) for r in cur.fetchall()]
+                # an earlier attempt still "sending" was cut short: its lease lapsed
+                cut = [(now, INTERRUPTED, r["id"], r["attempts"]) for r in rows
+                       if r["attempts"] > 1]
                 if rows:
                     cur.executemany(self._db.sql(
                         "INSERT INTO saga_notification_attempts (notification_id, attempt, "
                         "worker, started_at, outcome) VALUES (?, ?, ?, ?, 'sending') "
                         "ON CONFLICT DO NOTHING"),
                         [(r["id"], r["attempts"], worker, now) for r in rows])
+                if cut:
+                    cur.executemany(self._db.sql(
+                        "UPDATE saga_notification_attempts SET outcome = 'interrupted', "
+                        "finished_at = ?, error = ? WHERE notification_id = ? "
+                        "AND outcome = 'sending' AND attempt < ?"), cut)
             return [Claimed(r, int(r["attempts"])) for r in rows]
         return self._db.retrying("claiming notifications", once)
 

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -316,6 +317,40 @@ def test_the_kinds_of_news_and_the_filters(sqlite_settings: Settings) -> None:
             ("/graph", "run.failed", graph)])
         assert {json.loads(g[2])["status"] for g in receiver.got} == {"waiting", "cancelled",
                                                                       "failed"}
+    finally:
+        notifier.stop()
+        saga.close()
+        receiver.stop()
+
+
+def test_an_attempt_its_worker_never_finished_is_recorded_interrupted(
+        settings: Settings) -> None:
+    """A worker that dies mid-send leaves its attempt ``sending``; once its lease lapses
+    another worker sends the notification again and records the first one interrupted."""
+    port = free_port()
+    receiver = Receiver(port)
+    receiver.start()
+    settings = replace(settings, file={"notify": [
+        {"url": f"http://127.0.0.1:{port}/h", "events": ["run.failed"],
+         "secret_env": "HOOK_SECRET"}]})
+    later = [datetime.now(UTC)]
+    saga = Saga(settings)
+    notifier = Notifier(saga.app, settings, "alive", env={"HOOK_SECRET": SECRET},
+                        clock=lambda: later[0])
+    try:
+        saga.run(saga.load({"name": "dies", "steps": [{"id": "a", "tool": "fail"}]}))
+        assert notifier.deriver.round() == 1
+        now = later[0]
+        [dead] = notifier.outbox.claim("dead", now.isoformat(timespec="microseconds"),
+                                       (now + timedelta(seconds=5)).isoformat(
+                                           timespec="microseconds"), 8)
+        assert notifier.round() == (0, 0)  # leased to the dead worker: not sent
+        later[0] = now + timedelta(seconds=6)
+        assert notifier.round() == (0, 1)
+        shown = saga.notification(dead.row["id"])
+        assert [(a["attempt"], a["worker"], a["outcome"]) for a in shown["attempts_log"]] == [
+            (1, "dead", "interrupted"), (2, "alive", "delivered")]
+        assert len(receiver.got) == 1
     finally:
         notifier.stop()
         saga.close()
