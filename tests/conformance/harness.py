@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,10 @@ class Trace:
     stuck: str | None = None
     children: set[str] = field(default_factory=set)
     restarts: int = 0
+    #: When the driver SIGKILLed the worker holding the run's lease (POSIX time), and
+    #: the seconds from each such kill to the run's next RunTakenOver (issue 44).
+    holder_kills: list[float] = field(default_factory=list)
+    recoveries: list[float] = field(default_factory=list)
 
 
 def store_env(settings: Settings) -> dict[str, str]:
@@ -153,6 +158,8 @@ class Simulation:
         if name == "kill":
             w = self.victim()
             if w is not None:
+                if w.pid == self.holder():
+                    self.trace.holder_kills.append(time.time())
                 w.send_signal(signal.SIGKILL)
                 w.wait()
                 self.trace.killed.add(w.pid)
@@ -265,7 +272,26 @@ class Simulation:
             self._drive()
         finally:
             self._stop_all()
+        if self.trace.holder_kills:
+            self.trace.recoveries = self.recoveries()
         return self.trace
+
+    def recoveries(self) -> list[float]:
+        """Seconds from each kill of the lease's holder to the run's next RunTakenOver
+        (from the events' timestamps), for the kills another worker took the run over
+        after before the next such kill."""
+        with Saga(self.settings) as saga:
+            taken = sorted(datetime.fromisoformat(e["timestamp"]).timestamp()
+                           for e in saga.history(self.trace.run_id)
+                           if e["type"] == "RunTakenOver")
+        kills = self.trace.holder_kills
+        found = []
+        for k, at in enumerate(kills):
+            until = kills[k + 1] if k + 1 < len(kills) else float("inf")
+            after = [t - at for t in taken if at < t < until]
+            if after:
+                found.append(round(after[0], 3))
+        return found
 
     def _drive(self) -> None:
         rid = self.trace.run_id

@@ -115,6 +115,7 @@ def simulate(case: dict[str, Any], store: str) -> None:
                                 "ops": len(trace.ops), "kills": len(trace.killed),
                                 "zombies": len(trace.stopped), "reads": trace.reads,
                                 "commands": trace.commands, "restarts": trace.restarts,
+                                "recoveries": trace.recoveries,
                                 "migrations": len(sim.rev.migrations),
                                 "resets": len(sim.rev.resets), "labels": sim.rev.labelled,
                                 "failed": bool(bad)}) + "\n")

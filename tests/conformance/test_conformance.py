@@ -17,7 +17,8 @@ Budgets (environment; ``ops/conformance.sh`` sets them):
   cases restart);
 - ``SIM_SHRINK`` ``0`` skips Hypothesis's shrinking (it reruns real processes);
 - ``SIM_STATS`` a file to which each case appends one JSON line (cases, operations,
-  kills, reads).
+  kills, reads, and ``recoveries``: the seconds from each kill of the worker driving the
+  run to the run's next ``RunTakenOver``).
 
 A failure prints its seed, the (shrunk) case as JSON and where it was saved.
 """
