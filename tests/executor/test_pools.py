@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
 from saga import Saga
+from saga.cli.app import main
 from saga.config import Settings
 from saga.executor.pools import Pools
 from saga.server.app import create_app
@@ -247,3 +249,11 @@ def test_a_run_waiting_for_a_pool_still_times_out(lite: Saga) -> None:
     kinds = [e["type"] for e in s.history(run_id)]
     assert kinds[kinds.index("StepAwaitingPool") + 1] == "RunTimedOut", kinds
     assert s.get(run_id).status == "compensated" and "s2" not in s.get(run_id).steps
+
+
+def test_only_pools_without_a_pool_is_refused(tmp_path: Path) -> None:
+    """A worker that would run nothing is an operator's mistake: one line, exit 2."""
+    result = CliRunner().invoke(main, ["worker", "--only-pools"],
+                                env={"SAGA_HOME": str(tmp_path / ".saga")})
+    assert result.exit_code == 2
+    assert "--only-pools: needs at least one --pool NAME" in result.output
