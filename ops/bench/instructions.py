@@ -75,7 +75,8 @@ registry.add(Tool("noop_thread", noop_thread, source="python:bench"))
 saga = Saga(Settings(home=Path(tempfile.mkdtemp()), actor="bench"), registry=registry,
             worker="bench")
 plan = saga.load(json.loads(os.environ["SAGA_BENCH_PLAN"]))
-saga.app.save_run = lambda run, claim=None, release=None: run.collect_events()
+if not os.environ.get("SAGA_BENCH_STORED"):  # the engine alone: nothing appended
+    saga.app.save_run = lambda run, claim=None, release=None: run.collect_events()
 for _ in range(3 + int(os.environ["SAGA_BENCH_RUNS"])):
     run = saga.run(plan, {})
     assert run.status == "completed", run.status
@@ -154,10 +155,11 @@ def count_worker(saga_root: Path, runs: int, concurrency: int, url: str) -> int:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
-def count(saga_root: Path, runs: int, shape: str = "chain20") -> int:
+def count(saga_root: Path, runs: int, shape: str = "chain20", stored: bool = False) -> int:
     """Instructions (callgrind's ``Ir``) of the driver with ``runs`` extra chains."""
     env = {**os.environ, "PYTHONPATH": str(saga_root), "PYTHONHASHSEED": "0",
-           "SAGA_BENCH_RUNS": str(runs), "SAGA_BENCH_PLAN": json.dumps(SHAPES[shape])}
+           "SAGA_BENCH_RUNS": str(runs), "SAGA_BENCH_PLAN": json.dumps(SHAPES[shape]),
+           **({"SAGA_BENCH_STORED": "1"} if stored else {})}
     return callgrind(DRIVER, [], env, saga_root)
 
 
@@ -175,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the engine alone's steps: noop (a coroutine, run on the event "
                              "loop), thread (an ordinary function, run in the tool threads) "
                              "or both, each counted in turn (default: noop)")
+    parser.add_argument("--stored", action="store_true",
+                        help="append each turn's events to the SQLite store (its commits' "
+                             "instructions counted too; the disk's waits are not)")
     parser.add_argument("--pg-url", default=DEFAULT_PG_URL,
                         help="the server --worker uses (a schema instr_<random> each count)")
     args = parser.parse_args(argv)
@@ -194,10 +199,12 @@ def main(argv: list[str] | None = None) -> int:
         counted: dict[str, float] = {}
         for tool in ("noop", "thread") if args.tool == "both" else (args.tool,):
             shape = "chain20" if tool == "noop" else "chain20_threads"
-            base, more = count(root, 0, shape), count(root, args.runs, shape)
+            base = count(root, 0, shape, args.stored)
+            more = count(root, args.runs, shape, args.stored)
             counted[tool] = (more - base) / (args.runs * len(SHAPES[shape]["steps"]))
             print(f"{root}: {counted[tool]:,.0f} instructions per {tool} step "
-                  f"({args.runs} chains of 20, engine alone)")
+                  f"({args.runs} chains of 20, "
+                  f"{'stored on SQLite' if args.stored else 'engine alone'})")
         if len(counted) == 2:
             print(f"{root}: a step on the tool threads costs "
                   f"{counted['thread'] / counted['noop']:.3f}× one run inline")
