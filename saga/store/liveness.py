@@ -171,17 +171,22 @@ class Liveness:
                 raise ConfigError(f"worker id {self.worker!r} is in use by a live process "
                                   "on this store: give each worker its own --id")
             time.sleep(0.1)
+        self._register()
+        # Leases this id holds now are a dead process's: a takeover of those runs records
+        # it as their previous holder (see Leases.previous), as another worker's would.
+        self.db.execute("UPDATE saga_leases SET prev_worker = worker, "
+                        "prev_expires = expires_at WHERE worker = ?", (self.worker,))
+        self.bindings[self.worker] = self
+
+    def _register(self) -> None:
+        """This worker's row in ``saga_workers`` (again after a lost lock: a stopping
+        worker may have forgotten it meanwhile, as a dead one holding no lease)."""
         self.db.execute("INSERT INTO saga_workers (worker, lock_key, host, pid, started_at) "
                         "VALUES (?, ?, ?, ?, ?) ON CONFLICT (worker) DO UPDATE SET "
                         "lock_key = excluded.lock_key, host = excluded.host, "
                         "pid = excluded.pid, started_at = excluded.started_at",
                         (self.worker, self.key, socket.gethostname(), os.getpid(),
                          self.clock()))
-        # Leases this id holds now are a dead process's: a takeover of those runs records
-        # it as their previous holder (see Leases.previous), as another worker's would.
-        self.db.execute("UPDATE saga_leases SET prev_worker = worker, "
-                        "prev_expires = expires_at WHERE worker = ?", (self.worker,))
-        self.bindings[self.worker] = self
 
     def _lock(self) -> bool:
         """Try once to take the lock; whether it is held now."""
@@ -267,6 +272,7 @@ class Liveness:
             try:
                 if not self._lock():
                     return []
+                self._register()
             except StoreUnavailableError as e:
                 log.warning("worker %s: its liveness lock is lost: %s", self.worker, e)
                 return []

@@ -3,6 +3,8 @@ at once; one whose holder never registered waits for its expiry, as before."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from saga import Saga
@@ -27,7 +29,11 @@ def test_a_dead_workers_unexpired_lease_is_taken_at_once(settings: Settings,
         assert b.sweep() == []
         expiry = leases.holder("r1")[1]  # type: ignore[index]
         a.stop()  # as its process's death does: the lock goes, the row stays
-        assert set(leases.held_by_others(["r1", "r2"], "b")) == {"r2"}
+        # (the server lets the lock go as the backend exits, a moment after the close)
+        gone = time.monotonic() + 5
+        while set(leases.held_by_others(["r1", "r2"], "b")) != {"r2"}:
+            assert time.monotonic() < gone, "the dead worker's lock is still held"
+            time.sleep(0.01)
         b._swept = float("-inf")  # (sweeps are at most every SWEEP_EVERY)
         assert b.sweep() == [leases.lease("r1", "b", 30).run_id]
         assert leases.claim_first(["r1", "r2"], 2, "b", 30)[0] == ["r1"]
@@ -47,7 +53,7 @@ def test_a_worker_id_in_use_is_refused_and_taken_back_once_free(
             Liveness(leases.db, "w").start(0.2)
         first.stop()
         again = Liveness(leases.db, "w", leases.bindings)
-        again.start(1.0)
+        again.start(5.0)  # (the server lets the lock go a moment after the close)
         # Its own runs back at once, taken from the process that had its id.
         expiry = leases.holder("r1")[1]  # type: ignore[index]
         assert leases.claim("r1", "w", 30)
@@ -74,7 +80,10 @@ def test_a_worker_that_loses_its_lock_holds_no_lease_until_it_has_it_again(
         assert w.sweep() == []  # finds it lost
         assert not w.alive
         assert not lease.fresh(1.0) and not lease.renew()
-        assert leases.claim("r1", "other", 30)  # its process looks gone
+        gone = time.monotonic() + 5  # its process looks gone (once the backend exits)
+        while not leases.claim("r1", "other", 30):
+            assert time.monotonic() < gone, "the lost lock is still held"
+            time.sleep(0.01)
         w._swept = float("-inf")
         w.sweep()
         assert w.alive
