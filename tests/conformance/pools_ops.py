@@ -49,9 +49,17 @@ def pooled(case: dict[str, Any]) -> bool:
 
 
 def pools(case: dict[str, Any]) -> dict[str, str | None]:
-    """The pool of each top-level step of a pooled case (None: unpooled)."""
+    """The pool of each top-level step of a pooled case (None: unpooled). The members of
+    a parallel group share one: members of different pools run one pool after the other
+    (one driver at a time), so one that fails before another pool's member started
+    stops the run without it, where the oracle has every member start together."""
     rng = random.Random(f"pools-of-{case['salt']}")
-    return {s["id"]: rng.choice(["a", "b", None]) for s in case["steps"]}
+    groups: dict[str, str | None] = {}
+    chosen: dict[str, str | None] = {}
+    for s in case["steps"]:
+        pool = rng.choice(["a", "b", None])
+        chosen[s["id"]] = groups.setdefault(s["group"], pool) if s.get("group") else pool
+    return chosen
 
 
 def assign(case: dict[str, Any], definition: dict[str, Any]) -> dict[str, Any]:
