@@ -78,6 +78,8 @@ log = logging.getLogger("saga")
 class Saga(RunCommands, NotificationCommands, ResourceCommands):
     """A handle on one store and one set of tools."""
 
+    _heartbeats: Heartbeats | None = None  # (see heartbeats: opened on first use)
+
     def __init__(self, settings: Settings | None = None, *, tools: Iterable[str] = (),
                  registry: Registry | None = None, worker: str | None = None) -> None:
         self.settings = settings or load_settings()
@@ -197,9 +199,9 @@ class Saga(RunCommands, NotificationCommands, ResourceCommands):
         """Tools' last heartbeats of the attempts in flight (``saga_heartbeats``)."""
         self.leases  # noqa: B018 - opens the side connection the table shares
         assert self._db is not None
-        found: Heartbeats | None = self.__dict__.get("_heartbeats")
+        found = self._heartbeats
         if found is None or found.db is not self._db:
-            found = self.__dict__["_heartbeats"] = Heartbeats(self._db)
+            found = self._heartbeats = Heartbeats(self._db)
         return found
 
     def load(self, source: str | Path | Mapping[str, Any]) -> Plan:

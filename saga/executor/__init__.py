@@ -165,6 +165,8 @@ class ToolThreads:
 class Executor:
     """Drives runs of one application with a registry of tools."""
 
+    _heartbeats: Heartbeats | None = None  # (see heartbeats: opened on first use)
+
     def __init__(self, app: SagaApplication, registry: Registry, *, worker: str | None = None,
                  clock: Callable[[], datetime] = _now,
                  sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
@@ -252,9 +254,9 @@ class Executor:
         """Tools' last heartbeats (:mod:`saga.store.heartbeats`), on the undo store's
         connection (opened on first use)."""
         db = self.undo_store.db
-        found: Heartbeats | None = self.__dict__.get("_heartbeats")
+        found = self._heartbeats
         if found is None or found.db is not db:
-            found = self.__dict__["_heartbeats"] = Heartbeats(db)
+            found = self._heartbeats = Heartbeats(db)
         return found
 
     def plan_for(self, run: Run) -> Plan:

@@ -43,6 +43,9 @@ class ToolCalls:
     tasks: dict[asyncio.Task[Outcome], tuple[str, str, int, int]]
     lease: LeaseLike | None
     alive: asyncio.Task[None] | None
+    #: The heartbeats of its attempts that beat, until recorded (executor.heartbeats); a
+    #: class default, not the instance's __dict__, which reading would slow every attribute.
+    beating: dict[tuple[str, int, int], Any] | None = None
 
     if TYPE_CHECKING:
         async def _renew_soon(self) -> None: ...
@@ -93,7 +96,7 @@ class ToolCalls:
                 span.end("cancelled" if isinstance(e, asyncio.CancelledError) else "failed",
                          type(e).__name__, str(e))
                 raise
-        if name == "saga.step":
+        if name == "saga.step" and self.beating:  # some attempt beat
             outcome = heartbeats.attach(self, outcome)  # its beats end with it
         done = ("completed" if name == "saga.step" else "compensated") if outcome.ok \
             else "failed"
@@ -107,7 +110,8 @@ class ToolCalls:
 
     def _settle_beats(self, outcome: Outcome) -> None:
         """Before an attempt's end is recorded: what its tool last beat (heartbeats)."""
-        heartbeats.settle(self, outcome)
+        if outcome.heartbeat is not None or outcome.kind == "cut":
+            heartbeats.settle(self, outcome)
 
     def _recover_beats(self) -> None:
         """Taking the run over: what the dead worker's attempts last beat (heartbeats)."""
@@ -153,8 +157,13 @@ class ToolCalls:
                 raise ToolError(f"tool {name!r} has no compensation", retryable=False)
             func = calls.bind_output(tool.compensate, own_output[0])
         run_id = self.run.run_id
+        params = parameters if isinstance(parameters, dict) else {"value": parameters}
+        recorded = own_output[0] if own_output is not None else None
+        values = secrets.lookup(run_id, secrets.names_in(params) | secrets.names_in(recorded),
+                                allow=self.x.app.settings.secrets_allow)
+        params = secrets.reveal(params, values)
         step_call = not suffix and own_output is None  # a step's attempt, not its undo
-        beats = heartbeats.begin(self, action) if step_call else None
+        beat: list[Any] = []  # the attempt's heartbeats once it beat (executor.heartbeats)
         ctx = ToolContext(
             run_id=run_id, step_id=action.step_id, iteration=action.iteration,
             attempt=action.attempt,
@@ -162,16 +171,10 @@ class ToolCalls:
             deadline=time.time() + timeout if timeout else None,
             logger=logging.getLogger(f"saga.tool.{name}"),
             traceparent=scope.current().span.traceparent,
-            last_heartbeat=heartbeats.last_details(self.run, action) if step_call else None,
-            on_heartbeat=None if beats is None else beats.beat,
+            last_heartbeat=heartbeats.last_details(self.run, action)
+            if step_call and action.attempt > 1 else None,
+            on_heartbeat=heartbeats.beater(self, action, values, beat) if step_call else None,
         )
-        params = parameters if isinstance(parameters, dict) else {"value": parameters}
-        recorded = own_output[0] if own_output is not None else None
-        values = secrets.lookup(run_id, secrets.names_in(params) | secrets.names_in(recorded),
-                                allow=self.x.app.settings.secrets_allow)
-        params = secrets.reveal(params, values)
-        if beats is not None and values:
-            beats.conceal = functools.partial(secrets.conceal, values=values)
         if own_output is not None:
             assert tool.compensate is not None
             func = calls.bind_output(tool.compensate, secrets.reveal(recorded, values))
@@ -183,9 +186,9 @@ class ToolCalls:
                                 error_type="InvalidParameters", retryable=False)
         is_async = inspect.iscoroutinefunction(func)
         call = func(params, ctx) if is_async else self._in_thread(func, params, ctx)
-        watch = heartbeats.timeout_of(self.plan, action.step_id) if beats else None
-        if beats is not None and watch:
-            call = heartbeats.watched(call, beats, watch, action.step_id)
+        step = self.plan.steps.get(action.step_id) if step_call else None
+        if step is not None and step.heartbeat_timeout is not None and ctx.on_heartbeat:
+            call = heartbeats.watched(call, ctx.on_heartbeat, step)
         try:
             result = await asyncio.wait_for(call, timeout) if timeout else await call
         except (ToolError, TimeoutError):
@@ -197,6 +200,8 @@ class ToolCalls:
                 raise
             raise ToolError(secrets.conceal(str(e), values), error_type=type(e).__name__) \
                 from None
+        finally:
+            beat.append(heartbeats.ENDED)  # later beats (a thread given up on) are not kept
         if ctx.usage and isinstance(result, dict):  # ctx.report_usage(): seed 003's tokens
             result = {**result, "_usage": {**ctx.usage, **result.get("_usage", {})}}
         return secrets.conceal(result, values)
@@ -219,6 +224,7 @@ class ToolCalls:
             raise
         finally:
             self.in_threads.pop(task, None)
+
 
 def _answering(loop: asyncio.AbstractEventLoop, answer: asyncio.Future[Any],
                call: Callable[..., Any], *args: Any) -> Any:

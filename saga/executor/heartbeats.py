@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import threading
@@ -30,9 +31,9 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from saga import secrets
 from saga.chain import json_safe
-from saga.composition import Plan
-from saga.composition.definition import parse_duration
+from saga.composition.definition import Step, parse_duration
 from saga.domain import Run, step_key
 from saga.domain.heartbeats import HeartbeatRecorded
 from saga.errors import HeartbeatTimeout
@@ -48,6 +49,10 @@ T = TypeVar("T")
 WRITE_EVERY = 1.0
 #: The most JSON text of details kept; larger details are cut to a marked summary.
 MAX_DETAILS = 8192
+#: Appended to an attempt's slot when its call ended: beats after it are not kept (a
+#: first beat then makes nothing; a Beats made meanwhile is closed by attach).
+ENDED = "ended"
+_MAKING = threading.Lock()
 
 
 class Beats:
@@ -85,7 +90,10 @@ class Beats:
             if self._writing or self._write is None:
                 return
             self._writing = True
-        self._loop.call_soon_threadsafe(self._start)
+        try:
+            self._loop.call_soon_threadsafe(self._start)
+        except RuntimeError:  # its drive's loop is closed: nobody records this attempt now
+            self.closed = True
 
     def snapshot(self) -> dict[str, Any] | None:
         """``{"details", "beats", "at"}`` as of now; None when it never beat."""
@@ -137,12 +145,6 @@ def _bounded(details: Any) -> Any:
     return {"_truncated": True, "text": text[:MAX_DETAILS // 2]}
 
 
-def timeout_of(plan: Plan, step_id: str) -> float | None:
-    """The step's ``heartbeat_timeout`` in seconds, or None (beats are not watched)."""
-    value = plan.step(step_id).heartbeat_timeout
-    return None if value is None else parse_duration(value) or None
-
-
 def last_details(run: Run, action: StartStep) -> Any:
     """What an earlier attempt of this step execution last reported (from the log)."""
     state = run.steps.get(step_key(action.step_id, action.iteration)) or {}
@@ -152,27 +154,59 @@ def last_details(run: Run, action: StartStep) -> Any:
     return recorded["details"]
 
 
-def begin(drive: ToolCalls, action: StartStep) -> Beats:
-    """The beats of a step's attempt about to be called, written to the side table while
-    it runs, and known to the drive until the attempt is recorded (see settle)."""
+def beater(drive: ToolCalls, action: StartStep, values: dict[str, str],
+           slot: list[Any]) -> Callable[..., None]:
+    """``ctx.on_heartbeat`` for a step's attempt about to be called. Its :class:`Beats`
+    are made at its first beat (into ``slot``), and only then known to the drive (until
+    the attempt is recorded: see attach, settle): most calls never beat, and pay for no
+    more than this. The caller appends :data:`ENDED` to ``slot`` when the call ends.
+    ``values``: the secrets the call was given, concealed in what it reports."""
+    return functools.partial(_beat, drive, action, asyncio.get_running_loop(), values, slot)
+
+
+def _beat(drive: ToolCalls, action: StartStep, loop: asyncio.AbstractEventLoop,
+          values: dict[str, str], slot: list[Any], details: Any = None) -> None:
+    beats = slot[0] if slot else _made(drive, action, loop, values, slot)
+    if isinstance(beats, Beats):
+        beats.beat(details)
+
+
+def _made(drive: ToolCalls, action: StartStep, loop: asyncio.AbstractEventLoop,
+          values: dict[str, str], slot: list[Any]) -> Beats | None:
+    with _MAKING:  # two threads of one call may beat first at once
+        if not slot:
+            slot.append(_new(drive, action, loop, values))
+            _in_flight(drive)[(action.step_id, action.iteration, action.attempt)] = slot[0]
+    found = slot[0]
+    return found if isinstance(found, Beats) else None
+
+
+def _new(drive: ToolCalls, action: StartStep, loop: asyncio.AbstractEventLoop,
+         values: dict[str, str]) -> Beats:
     run_id, key, worker = drive.run.run_id, step_key(action.step_id, action.iteration), \
         drive.x.worker
 
     def write(found: dict[str, Any]) -> None:
         drive.x.heartbeats.put(run_id, key, action.attempt, found["details"], found["beats"],
                                found["at"], worker)
-    beats = Beats(write, asyncio.get_running_loop())
-    _in_flight(drive)[(action.step_id, action.iteration, action.attempt)] = beats
+    beats = Beats(write, loop)
+    if values:
+        beats.conceal = functools.partial(secrets.conceal, values=values)
     return beats
 
 
 def _in_flight(drive: ToolCalls) -> dict[tuple[str, int, int], Beats]:
-    found: dict[tuple[str, int, int], Beats] = drive.__dict__.setdefault("_beats", {})
+    """The Beats of the drive's attempts that beat, until their outcome is recorded."""
+    found: dict[tuple[str, int, int], Beats] | None = drive.beating
+    if found is None:
+        found = drive.beating = {}
     return found
 
 
 def attach(drive: ToolCalls, outcome: Outcome) -> Outcome:
     """A step's outcome, with what its attempt last reported: the attempt is over."""
+    if not drive.beating:
+        return outcome  # (nothing beat: the usual case)
     beats = _in_flight(drive).pop((outcome.step_id, outcome.iteration, outcome.attempt),
                                   None)
     found = None if beats is None else beats.close()
@@ -181,10 +215,10 @@ def attach(drive: ToolCalls, outcome: Outcome) -> Outcome:
 
 def let_go(drive: ToolCalls, step_id: str, iteration: int, attempt: int) -> None:
     """A step's call ended without an outcome (cancelled): its beats stop being kept."""
-    beats = _in_flight(drive).pop((step_id, iteration, attempt), None)
-    if beats is not None:
-        beats.close()
-
+    if drive.beating:
+        beats = _in_flight(drive).pop((step_id, iteration, attempt), None)
+        if beats is not None:
+            beats.close()
 
 def settle(drive: ToolCalls, outcome: Outcome) -> None:
     """Before an attempt's end is recorded: its last heartbeat, recorded once (again on
@@ -229,11 +263,18 @@ def recover(drive: ToolCalls) -> None:
             _record(run, state["step_id"], state["iteration"], state["attempt"], row)
 
 
-async def watched(call: Awaitable[T], beats: Beats, seconds: float, step_id: str) -> T:
-    """Await ``call``; cancel it and raise HeartbeatTimeout when ``beats`` stayed silent
-    for ``seconds`` (counted from the start until the first beat). As ``asyncio.timeout``
-    does, the task is cancelled and the cancellation turned into the error, so a tool
-    awaited in its thread is given up on like a timed-out one."""
+async def watched(call: Awaitable[T], on_heartbeat: Callable[..., None], step: Step) -> T:
+    """Await ``call`` (of a step with ``heartbeat_timeout``); cancel it and raise
+    HeartbeatTimeout when its beats stayed silent that long (counted from the start
+    until the first beat). As ``asyncio.timeout`` does, the task is cancelled and the
+    cancellation turned into the error, so a tool awaited in its thread is given up on
+    like a timed-out one."""
+    assert isinstance(on_heartbeat, functools.partial) and step.heartbeat_timeout is not None
+    beats = _made(*on_heartbeat.args)
+    seconds = parse_duration(step.heartbeat_timeout) or 0.0
+    if beats is None or not seconds:
+        return await call
+    step_id = step.id
     task = asyncio.current_task()
     assert task is not None
     loop = asyncio.get_running_loop()

@@ -27,6 +27,7 @@ from fastapi.testclient import TestClient
 from saga import Saga
 from saga.config import Settings
 from saga.server.app import create_app
+from saga.store import heartbeats as heartbeats_store
 from saga.tools import load_registry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -147,3 +148,27 @@ def test_heartbeats_are_seen_live_resumed_after_a_kill_and_timed_out(
     assert replayed.returncode == 0, replayed.stdout + replayed.stderr
     audited = cli(settings, "audit", "verify", run_id)
     assert audited.returncode == 0, audited.stdout + audited.stderr
+
+
+def test_many_beats_make_one_event_and_a_write_a_second(
+        sqlite_settings: Settings, monkeypatch: Any) -> None:
+    """2,000 beats in about a second: one HeartbeatRecorded (with the count and the last
+    details), and the side table written at most once a second (plus the first)."""
+    writes: list[Any] = []
+    put = heartbeats_store.Heartbeats.put
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> None:
+        writes.append(args)
+        put(self, *args, **kwargs)
+    monkeypatch.setattr(heartbeats_store.Heartbeats, "put", counted)
+    definition = {"name": "chatty", "steps": [
+        {"id": "chatty", "tool": "beating", "parameters": {"count": 2000, "pause": 0.0005}}]}
+    with Saga(sqlite_settings, registry=load_registry([TOOLS])) as saga:
+        began = time.monotonic()
+        run = saga.run(saga.load(definition))
+        took = time.monotonic() - began
+        history = saga.history(run.run_id)
+    assert run.status == "completed"
+    recorded = [e["payload"] for e in history if e["type"] == "HeartbeatRecorded"]
+    assert [(r["beats"], r["details"]) for r in recorded] == [(2000, {"done": 2000})]
+    assert 1 <= len(writes) <= took + 2, (len(writes), took)  # a second apart at most

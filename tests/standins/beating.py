@@ -21,7 +21,7 @@ def beating(params: dict[str, Any], ctx: Any) -> dict[str, Any]:
     start = int((resumed or {}).get("done", 0))
     for n in range(start + 1, start + 1 + int(params.get("count", 3))):
         ctx.heartbeat({"done": n})
-        time.sleep(0.02)
+        time.sleep(float(params.get("pause", 0.02)))
     if ctx.attempt in params.get("hang_on", []):
         time.sleep(float(params.get("hang", 60)))
     return {"resumed_from": resumed, "done": start + int(params.get("count", 3)),
