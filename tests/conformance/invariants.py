@@ -40,6 +40,8 @@ Each violation names its invariant, and the known break it looks like when it do
   among those the oracle (:func:`tests.conformance.model.expect`) allows; a failed
   compensation is only one the oracle says may fail (:func:`~tests.conformance.model.
   undo_may_fail`): never an interrupted step's undo that reads the output it lacks.
+- **heartbeat** — what tools beat is recorded once per attempt, before its end, and
+  handed to the next attempt from the log (:mod:`tests.conformance.heartbeats_ops`).
 - **driver** — a command the driver issued failed unexpectedly (a crash, a traceback),
   or a read mid-run failed (e.g. ``saga status`` of a paused run: break 2).
 """
@@ -53,7 +55,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from tests.conformance import model, notify_ops, pools_ops, revisions_check
+from tests.conformance import heartbeats_ops, model, notify_ops, pools_ops, revisions_check
 from tests.conformance.harness import TERMINAL, Simulation, Trace
 
 
@@ -109,6 +111,7 @@ def check(sim: Simulation, trace: Trace) -> list[str]:
         if sim.ledger.exists() else []
     bad += _once(ledger, histories, trace)
     bad += notify_ops.check(sim, histories)  # issue 42
+    bad += heartbeats_ops.check(histories, ledger)  # issue 42
     bad += pools_ops.check(sim, histories)  # issue 42
     for run_id, h in histories.items():
         undoable = _parent_undoable(case) if run_id == rid else _child_undoable

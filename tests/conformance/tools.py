@@ -16,6 +16,10 @@ count effects from the ledger: calls per step attempt, undos per step, undo orde
 - ``sim_undo`` records an undo; ``fail: true`` makes the compensation fail.
 - ``sim_slow`` is ``sim_act`` that takes ``seconds`` (so pauses, kills and cancels land
   while a call is in flight).
+
+Each call beats (``ctx.heartbeat``) ``{"attempt", "slept"}`` as it starts and every tenth
+of a second it works, and its ledger line says what it was handed as
+``ctx.last_heartbeat`` (``resumed``), for :mod:`tests.conformance.heartbeats_ops`.
 """
 
 from __future__ import annotations
@@ -45,10 +49,13 @@ def ledger(kind: str, name: str, ctx: ToolContext, **extra: Any) -> None:
 
 
 def _act(name: str, params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-    ledger("call", name, ctx)
+    ledger("call", name, ctx, resumed=ctx.last_heartbeat)  # (heartbeats_ops checks it)
+    ctx.heartbeat({"attempt": ctx.attempt, "slept": 0})
     seconds = float(params.get("seconds", 0) or 0)
-    if seconds:
-        time.sleep(seconds)
+    for tenth in range(1, int(seconds * 10) + 1):  # beating while it works
+        time.sleep(0.1)
+        ctx.heartbeat({"attempt": ctx.attempt, "slept": tenth})
+    time.sleep(max(seconds - int(seconds * 10) / 10, 0))
     if params.get("fail") or ctx.attempt <= int(params.get("fail_times", 0) or 0):
         raise ToolError(f"{name} {ctx.step_id} failed at attempt {ctx.attempt}")
     return {"step": ctx.step_id, "value": params.get("value"), "attempt": ctx.attempt}
