@@ -3,8 +3,9 @@
 A worker follows the store's notification log (:class:`~saga.worker.index.RunIndex`) to
 know which runs are unfinished and not waiting for a person, claims each one's lease
 (:mod:`saga.store.leases`) and drives it with an executor. A run whose worker died is
-taken over once its lease expires: the attempts it left ``running`` are interrupted (see
-:func:`saga.scheduler.interrupted`).
+taken over as soon as a look's sweep finds that worker's liveness lock gone (see
+:mod:`saga.store.liveness`; a holder that registered none: once its lease expires): the
+attempts it left ``running`` are interrupted (see :func:`saga.scheduler.interrupted`).
 
 Runs are claimed by priority (highest first), then age (oldest first), each from the
 queue its ``RunStarted`` names and within that queue's limits (saga.toml
