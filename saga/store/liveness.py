@@ -274,7 +274,7 @@ class Liveness:
                     return []
                 self._register()
             except StoreUnavailableError as e:
-                log.warning("worker %s: its liveness lock is lost: %s", self.worker, e)
+                log.info("worker %s: its liveness lock is still lost: %s", self.worker, e)
                 return []
             log.warning("worker %s: its liveness lock is held again", self.worker)
         try:
