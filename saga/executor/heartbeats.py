@@ -139,9 +139,11 @@ class Beats:
 
 
 def _bounded(details: Any) -> Any:
-    text = json.dumps(details)
+    """Details as plain JSON (what is not JSON as its text: it goes into an event), cut
+    short past MAX_DETAILS."""
+    text = json.dumps(details, default=str)
     if len(text) <= MAX_DETAILS:
-        return details
+        return json.loads(text)
     return {"_truncated": True, "text": text[:MAX_DETAILS // 2]}
 
 

@@ -10,14 +10,17 @@ progress lines as details. The run replays and its audit chain verifies.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +29,7 @@ from fastapi.testclient import TestClient
 
 from saga import Saga
 from saga.config import Settings
+from saga.executor.heartbeats import Beats
 from saga.server.app import create_app
 from saga.store import heartbeats as heartbeats_store
 from saga.tools import load_registry
@@ -172,3 +176,26 @@ def test_many_beats_make_one_event_and_a_write_a_second(
     recorded = [e["payload"] for e in history if e["type"] == "HeartbeatRecorded"]
     assert [(r["beats"], r["details"]) for r in recorded] == [(2000, {"done": 2000})]
     assert 1 <= len(writes) <= took + 2, (len(writes), took)  # a second apart at most
+
+
+def test_beats_from_many_threads_are_all_counted_and_kept_as_json() -> None:
+    """ctx.heartbeat is safe from any thread; details are kept as JSON (a value that is
+    not JSON as its text, an oversized one cut short): they go into an event."""
+    loop = asyncio.new_event_loop()
+    loop.close()  # a Beats with nothing to write never uses it
+    beats = Beats(None, loop)
+    threads = [threading.Thread(target=lambda: [beats.beat({"n": i}) for i in range(500)])
+               for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert beats.snapshot() == {"details": {"n": 499}, "beats": 4000, "at": beats.at}
+    beats.beat()  # no details: the last are kept
+    beats.beat({"when": datetime(2026, 1, 2, tzinfo=UTC), "rows": {1, 2}})
+    assert beats.details == {"when": "2026-01-02 00:00:00+00:00", "rows": "{1, 2}"}
+    beats.beat({"log": "x" * 10_000})
+    assert beats.details["_truncated"] is True and len(json.dumps(beats.details)) < 8192
+    assert beats.close() is not None and beats.count == 4003
+    beats.beat({"late": True})  # a call given up on, still beating: not kept
+    assert beats.count == 4003 and "late" not in beats.details
