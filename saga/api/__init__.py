@@ -474,7 +474,7 @@ class Saga(RunCommands, NotificationCommands, ResourceCommands):
         summary = run_summary(run)
         # what the endpoints would accept now, by their own rules: a viewer offers only these
         summary["actions"] = controls.allowed(run)
-        show_heartbeats(summary, run.steps, self.heartbeats)  # what long calls last said
+        show_heartbeats(summary, run.steps, lambda: self.heartbeats)  # long calls' last beats
         children = []
         plan = self.executor_plan(run)
         for key, state in run.steps.items():

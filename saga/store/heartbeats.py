@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from saga.domain.vocabulary import run_uuid
@@ -87,12 +88,13 @@ class Heartbeats:
 
 
 
-def show_heartbeats(summary: dict[str, Any], steps: dict[str, Any], table: Heartbeats) -> None:
+def show_heartbeats(summary: dict[str, Any], steps: dict[str, Any],
+                    table: Callable[[], Heartbeats]) -> None:
     """Put into a run's summary (``steps[KEY]["heartbeat"]``) what each step's tool last
     beat: as the log recorded it (``HeartbeatRecorded``), or for an attempt in flight,
     live from the side table (``"live": true``; newer than the log). ``steps``: the
-    run's step states. The table is read only when an attempt is in flight, and a
-    failure to read it leaves the summary as the log has it."""
+    run's step states; ``table`` opens the side table, only when an attempt is in
+    flight. A failure to read it leaves the summary as the log has it."""
     shown: dict[str, Any] = summary.get("steps") or {}
     for key, state in steps.items():
         if state.get("heartbeat") and key in shown:
@@ -102,7 +104,7 @@ def show_heartbeats(summary: dict[str, Any], steps: dict[str, Any], table: Heart
     if not running or not shown:
         return
     try:
-        rows = table.of_run(str(summary["run_id"]))
+        rows = table().of_run(str(summary["run_id"]))
     except Exception as e:  # status still shows what the log recorded
         log.warning("run %s: could not read its heartbeats: %s", summary["run_id"], e)
         return
