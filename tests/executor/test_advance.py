@@ -166,7 +166,7 @@ def test_one_decision_after_starts_changes_nothing_a_run_records_or_launches(
                     run_id="00000000-0000-0000-0000-000000000001")
     run.collect_events()
     clock = [datetime.fromisoformat(run.started_at)]
-    x = SimpleNamespace(clock=lambda: clock[0], worker="w", stopping=None,
+    x = SimpleNamespace(clock=lambda: clock[0], worker="w", stopping=None, pools=None,
                         hold=data.draw(st.sampled_from([0.0, 3.0, 60.0])))
     drive = Drive(x, run, plan, None)  # type: ignore[arg-type]
     in_flight: list[tuple[str, Any]] = []
