@@ -108,12 +108,15 @@ def test_pause_lets_the_attempt_in_flight_finish_and_unpause_goes_on(
         watch: str) -> None:
     log = tmp_path / "calls.jsonl"
     submit(settings, tmp_path, {"name": "paused", "steps": [
-        {"id": "slow", "tool": "linger", "args": {"seconds": 1.5}},
+        {"id": "slow", "tool": "linger", "args": {"gate": str(tmp_path / "gate")}},
         {"id": "after", "tool": "act", "depends_on": ["slow"]}]}, "PAUSE-1")
     worker(WATCHES[watch])
     wait_for("the step runs", lambda: began(log, "slow"))
     paused = cli(settings, log, "pause", "PAUSE-1", "--actor", "ops")
     assert paused.returncode == 0, paused.stderr
+    if watch == "watched":  # the watcher takes the pause in while the call is in flight
+        time.sleep(0.5)
+    (tmp_path / "gate").touch()
     run_uuid = str(saga.get("PAUSE-1").id)
     # The attempt in flight finishes and is recorded; the drive ends, giving its lease up.
     wait_for("the attempt is recorded and the worker lets the run go",

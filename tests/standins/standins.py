@@ -153,10 +153,15 @@ def block(params: dict, ctx: ToolContext) -> dict:
 
 @tool("linger")
 def linger(params: dict, ctx: ToolContext) -> dict:
-    """Records that it began, sleeps in a thread (where nothing can stop it), then
-    records that it returned."""
+    """Records that it began, sleeps in a thread (where nothing can stop it) for
+    ``seconds``, or until the file ``gate`` exists, then records that it returned."""
     record("linger", params, ctx, phase="began")
-    time.sleep(float(params.get("seconds", 0.2)))
+    if params.get("gate"):  # until the test opens it: a loaded machine cannot outrun it
+        deadline = time.monotonic() + float(params.get("seconds", 60))
+        while not os.path.exists(params["gate"]) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    else:
+        time.sleep(float(params.get("seconds", 0.2)))
     record("linger", params, ctx, phase="returned")
     return {"step": ctx.step_id}
 
