@@ -5,8 +5,10 @@ Three tables beside the events, as :mod:`saga.store.leases` keeps a queue's limi
 
 - ``saga_resource_slots`` (resource, holder, run, step, expiry): one row per call in
   flight that counts against a resource. The holder (``RUN:STEP:ATTEMPT``) renews its
-  slot while the call runs, like a run's lease; the slot of a worker that died lapses at
-  its expiry, and counts no more.
+  slot while the call runs, like a run's lease. A slot lapses at its expiry, or at once
+  when its ``worker`` registered its liveness and its lock is gone (its process died:
+  :func:`~saga.store.liveness.dead_sql`, checked in the transaction that acquires), so a
+  step taken over at once after a kill need not wait a lease for the dead call's slot.
 - ``saga_resource_waiters`` (resource, holder, ``seq``, run, step, since, expiry): the
   calls waiting for a slot, in arrival order (``seq``). A slot goes to the earliest
   waiters first: a call may take one only while fewer waiters came before it than there
@@ -34,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from saga.config import ResourceLimit
+from saga.store.liveness import WORKERS_DDL, dead_sql, lock_folder, register_sqlite
 from saga.store.side_tables import Database
 
 RESOURCE_DDL = (
@@ -83,7 +86,13 @@ class ResourceSlots:
         #: Runs whose drive ended with a step still waiting for a slot: a worker of this
         #: process holds them off until a slot may be theirs (see saga.worker.resources).
         self.released: deque[str] = deque()
-        db.create(RESOURCE_DDL)
+        if not db.pg:  # saga_alive(worker), which a slot's liveness check calls
+            register_sqlite(db.conn, lock_folder(db))
+        #: A slot that counts no more: expired (parameter: now), or its worker's process
+        #: gone (a worker that never registered, or none, keeps it until it expires).
+        self._lapsed = ("(expires_at < ? OR "
+                        + dead_sql("saga_resource_slots.worker", db.pg) + ")")
+        db.create(RESOURCE_DDL + WORKERS_DDL)
 
     def limited(self, names: Sequence[str]) -> list[str]:
         """Those of ``names`` that saga.toml limits (the others cost nothing), sorted:
@@ -126,7 +135,9 @@ class ResourceSlots:
         """None when ``holder`` may take a slot of ``name`` now (or holds one); else how
         many waiters came before it (those it must not pass)."""
         sql = self.db.sql
-        cur.execute(sql("DELETE FROM saga_resource_slots WHERE resource = ? AND expires_at < ?"),
+        # Lapsed slots go, a dead worker's too: its call died with its process (a step
+        # taken over at once is tried again, and takes a slot of its own).
+        cur.execute(sql(f"DELETE FROM saga_resource_slots WHERE resource = ? AND {self._lapsed}"),
                     (name, now))
         cur.execute(sql("DELETE FROM saga_resource_waiters WHERE resource = ? "
                         "AND expires_at < ?"), (name, now))
@@ -227,20 +238,22 @@ class ResourceSlots:
         self.db.execute("DELETE FROM saga_resource_waiters WHERE run_id = ?", (run_id,))
 
     def usage(self) -> dict[str, Usage]:
-        """Each limited resource now: slots in use and waiters (expired ones not counted)."""
+        """Each limited resource now: slots in use and waiters (lapsed ones not counted)."""
         now = self.clock()
         counts: dict[str, list[int]] = {name: [0, 0] for name in self.limits}
         for column, table in enumerate(("saga_resource_slots", "saga_resource_waiters")):
+            live = f"NOT {self._lapsed}" if column == 0 else "expires_at >= ?"
             for row in self.db.query(f"SELECT resource, COUNT(*) AS n FROM {table} "
-                                     "WHERE expires_at >= ? GROUP BY resource", (now,)):
+                                     f"WHERE {live} GROUP BY resource", (now,)):
                 counts.setdefault(row["resource"], [0, 0])[column] = int(row["n"])
         return {name: Usage(used, waiting, self.limits.get(name, ResourceLimit()))
                 for name, (used, waiting) in counts.items()}
 
     def holders(self, name: str) -> list[dict[str, Any]]:
-        """The calls holding a slot of ``name`` now (holder, run, step, worker, times)."""
+        """The calls holding a slot of ``name`` now (holder, run, step, worker, times): a
+        dead worker's are not."""
         return self.db.query("SELECT holder, run_id, step, worker, acquired_at, expires_at "
-                             "FROM saga_resource_slots WHERE resource = ? AND expires_at >= ? "
+                             f"FROM saga_resource_slots WHERE resource = ? AND NOT {self._lapsed} "
                              "ORDER BY acquired_at", (name, self.clock()))
 
     def waiters(self, name: str) -> list[dict[str, Any]]:
