@@ -13,8 +13,9 @@ PostgreSQL, under SQLite's ``BEGIN IMMEDIATE``), so two workers never send one
 notification at once; the claim counts the attempt and records it in
 ``saga_notification_attempts`` before anything is sent, and the result is written only
 while the lease is still the claimer's. A worker that dies mid-send leaves its attempt
-``sending``; the row is claimed again once the lease lapses, and that attempt is then
-recorded ``interrupted``.
+``sending``; the row is claimed again once the lease lapses, or at once when that worker
+registered its liveness and its lock is gone (:func:`~saga.store.liveness.dead_sql`: its
+process died), and that attempt is then recorded ``interrupted``.
 
 The tables live beside the other side tables (the first partition, when partitioned).
 """
@@ -29,6 +30,7 @@ from typing import Any
 
 from saga.config import Settings
 from saga.errors import InputError, NotificationNotFoundError, Problem
+from saga.store.liveness import WORKERS_DDL, dead_sql, lock_folder, register_sqlite
 from saga.store.side_tables import Database, Row
 
 DDL = (
@@ -59,9 +61,10 @@ INTERRUPTED = "its worker stopped before it recorded the answer (it may have bee
 _ID = re.compile(r"[0-9a-f]{4,16}")  # a notification's id, or a prefix of one
 _INSERT = (f"INSERT INTO saga_notifications ({', '.join(COLUMNS)}) VALUES "
            f"({', '.join('?' for _ in COLUMNS)}) ON CONFLICT DO NOTHING")
-#: The due rows a claim takes: pending, their time come, and nobody sending them now.
+#: The due rows a claim takes: pending, their time come, and nobody sending them now (no
+#: lease, a lapsed one, or ``{dead}``: its worker's process gone).
 _DUE = ("SELECT id FROM saga_notifications WHERE status = 'pending' AND next_at <= ? "
-        "AND (lease_until IS NULL OR lease_until < ?) ORDER BY next_at, id LIMIT ?")
+        "AND (lease_until IS NULL OR lease_until < ? OR {dead}) ORDER BY next_at, id LIMIT ?")
 
 
 def notification_id(event_id: str, target: str) -> str:
@@ -85,10 +88,13 @@ class Outbox:
         """Open a connection to the store's side tables (made on first use)."""
         self._db = Database(settings)
         self._ready = False
+        self._due = _DUE.format(dead=dead_sql("saga_notifications.leased_by", self._db.pg))
 
     def _ensure(self) -> None:
         if not self._ready:
-            self._db.create(DDL)
+            if not self._db.pg:  # saga_alive(worker), which a claim's liveness check calls
+                register_sqlite(self._db.conn, lock_folder(self._db))
+            self._db.create(DDL + WORKERS_DDL)
             self._ready = True
 
     # -- following the log --------------------------------------------------------------
@@ -129,11 +135,11 @@ class Outbox:
         """Take up to ``limit`` due notifications to send, each leased to ``worker``
         until ``lease_until`` (ISO), its attempt counted and recorded as ``sending``."""
         self._ensure()
-        due = _DUE + (" FOR UPDATE SKIP LOCKED" if self._db.pg else "")
+        due = self._due + (" FOR UPDATE SKIP LOCKED" if self._db.pg else "")
         update = (f"UPDATE saga_notifications SET lease_until = ?, leased_by = ?, "
                   f"attempts = attempts + 1 WHERE id IN ({due}) RETURNING {', '.join(COLUMNS)}")
 
-        if not self._db.query(_DUE, (now, now, 1)):
+        if not self._db.query(self._due, (now, now, 1)):
             return []  # nothing due: no write transaction (a worker looks every round)
 
         def once() -> list[Claimed]:
