@@ -50,9 +50,14 @@ ENDINGS: dict[str, RunStatus] = {"RunCompleted": "completed", "RunFailed": "fail
 
 DECISIONS = frozenset({"ApprovalGranted", "ApprovalRejected"})
 #: The events another process may record on a run while its driver holds it: commands
-#: (a rollback only when requested). The driver takes them in (saga.executor.incoming);
-#: anything else recorded there meanwhile is a second driver's, turned away by the fence.
-COMMANDS = DECISIONS | {"RunPaused", "RunUnpaused", "SignalReceived", "CompensationStarted"}
+#: (a rollback only when requested) and revisions (``saga label``, ``saga migrate``, a
+#: reset of a run whose only steps in flight wait). The driver takes them in
+#: (saga.executor.incoming); anything else recorded there meanwhile is a second driver's,
+#: turned away by the fence. (The rest comes from a run's driver only: its decisions,
+#: its calls' outcomes, the beats it settles; retention and a retry only touch a finished
+#: run, and notifications and live heartbeats are kept beside the log.)
+COMMANDS = DECISIONS | {"RunPaused", "RunUnpaused", "SignalReceived", "CompensationStarted",
+                        "RunLabelled", "DefinitionMigrated", "RunReset"}
 #: Events after which a waiting run may be waiting no longer.
 RESOLVING = DECISIONS | {"StepCompleted", "StepFailed", "StepSkipped"}
 

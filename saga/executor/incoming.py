@@ -1,5 +1,9 @@
 """What other processes record on a run while a drive holds it: commands (a pause, a
-cancel, a signal, a decision), which the drive takes in instead of giving the run up.
+cancel, a signal, a decision) and revisions (a label, a migration, a reset of a run
+whose steps in flight only wait), all listed in :data:`saga.domain.COMMANDS`, which the
+drive takes in instead of giving the run up. A migration taken in moves the drive to the
+run's new plan: the steps not started yet follow it; those in flight keep the start they
+recorded.
 
 A command is appended by whoever gives it (``saga pause``, ``saga cancel``, the HTTP
 API), fenced by the run's version like every append, while the run's driver goes on. The
@@ -24,6 +28,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from saga.domain import COMMANDS
+from saga.executor.pools import excused
 from saga.executor.waits import ending_cause
 
 if TYPE_CHECKING:
@@ -168,11 +173,36 @@ def _forget(drive: Drive, launches: list[tuple[str, Any]]) -> None:
             drive.compensating.discard(f"{payload.step_id}:{payload.iteration}")
 
 
+#: The commands that start undoing the run (a cancel, a requested compensation, a reset).
+UNDOING = frozenset({"CompensationStarted", "RunReset"})
+
+
 def _took_in(drive: Drive, events: list[Any]) -> None:
-    """Commands were folded onto the drive's run: show them (the drive's event hook);
-    when one undoes the run (a cancel, a requested compensation), cut the calls in
-    flight short (``RunCancelled``, ``RunCompensating``), as the run's deadline does."""
+    """Commands were folded onto the drive's run: a migration moves the drive to the
+    run's new plan; show them (the drive's event hook); when one undoes the run (a
+    cancel, a requested compensation, a reset), cut the calls in flight short
+    (``RunCancelled``, ``RunCompensating``), as the run's deadline does."""
+    names = {type(e).__name__ for e in events}
+    if "DefinitionMigrated" in names:
+        _migrated(drive)
     if drive.x.on_events is not None:
         drive.x.on_events(drive.run, events)
-    if any(type(e).__name__ == "CompensationStarted" for e in events):
+    if names & UNDOING:
         drive._cut_short(*ending_cause(drive.run))
+
+
+def _migrated(drive: Drive) -> None:
+    """The run moved to a new definition: decide with its plan from here on (its check
+    proved every recorded decision the same, the starts of the calls in flight too). A
+    worker that lacks a tool the new plan names (and no other pool's worker would call)
+    drains the run: its calls in flight finish and are recorded, nothing new starts, and
+    the run is left to a worker that has them, never started here to fail."""
+    drive.plan = plan = drive.x.plan_for(drive.run)
+    drive.nests = any(step.use is not None for step in plan.definition.steps)
+    lacking = {name for name in plan.tools_named() if name not in drive.x.registry}
+    if lacking and drive.lease is not None and not excused(plan, drive.x.pools, lacking):
+        log.warning("run %s: migrated to a definition naming tools this worker lacks "
+                    "(%s); it lets the run go once its calls return", drive.run.run_id,
+                    ", ".join(sorted(lacking)))
+        drive.stopping = asyncio.Event()
+        drive.stopping.set()
