@@ -131,6 +131,8 @@ async def catch_up(drive: Drive) -> None:
         event.mutate(run)
         taken.append(event)
     if taken:
+        if any(type(e).__name__ == "DefinitionMigrated" for e in taken):
+            _migrated(drive)
         _took_in(drive, taken)
 
 
@@ -152,6 +154,8 @@ async def rebase(drive: Drive, launches: list[tuple[str, Any]]) -> bool:
     if not events or not all(is_command(e) for e in events):
         return False
     drive.run = fresh
+    if any(type(e).__name__ == "DefinitionMigrated" for e in events):
+        _migrated(drive)  # what the drive recorded again is decided by the new plan too
     for outcome in drive.unsaved:
         drive._record(outcome)
     _took_in(drive, events)
@@ -178,16 +182,13 @@ UNDOING = frozenset({"CompensationStarted", "RunReset"})
 
 
 def _took_in(drive: Drive, events: list[Any]) -> None:
-    """Commands were folded onto the drive's run: a migration moves the drive to the
-    run's new plan; show them (the drive's event hook); when one undoes the run (a
-    cancel, a requested compensation, a reset), cut the calls in flight short
-    (``RunCancelled``, ``RunCompensating``), as the run's deadline does."""
-    names = {type(e).__name__ for e in events}
-    if "DefinitionMigrated" in names:
-        _migrated(drive)
+    """Commands were folded onto the drive's run (a migration's plan taken already):
+    show them (the drive's event hook); when one undoes the run (a cancel, a requested
+    compensation, a reset), cut the calls in flight short (``RunCancelled``,
+    ``RunCompensating``), as the run's deadline does."""
     if drive.x.on_events is not None:
         drive.x.on_events(drive.run, events)
-    if names & UNDOING:
+    if any(type(e).__name__ in UNDOING for e in events):
         drive._cut_short(*ending_cause(drive.run))
 
 
