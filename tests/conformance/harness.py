@@ -30,7 +30,7 @@ from typing import Any
 
 from saga.api import Saga
 from saga.config import Settings
-from tests.conformance import model, notify_ops, pools_ops, revisions_ops
+from tests.conformance import model, notify_ops, pools_ops, resources_ops, revisions_ops
 
 ROOT = Path(__file__).resolve().parents[2]
 TERMINAL = {"completed", "failed", "compensated", "cancelled"}
@@ -56,6 +56,8 @@ class Trace:
     #: the seconds from each such kill to the run's next RunTakenOver (issue 44).
     holder_kills: list[float] = field(default_factory=list)
     recoveries: list[float] = field(default_factory=list)
+    #: (POSIX time, "kill" | "stop" | "restart", pid or 0) as sent (resources_ops)
+    signals: list[tuple[float, str, int]] = field(default_factory=list)
 
 
 def store_env(settings: Settings) -> dict[str, str]:
@@ -94,6 +96,7 @@ class Simulation:
         self.no_workers_until = 0.0
         self.rev = revisions_ops.Revisions(self)  # migrate, reset, label (issue 40)
         self.receiver = notify_ops.configure(self)  # webhooks of every kind (issue 42)
+        resources_ops.configure(self)  # [resources.r1] in some cases (issue 42)
 
     # -- processes ----------------------------------------------------------------------
 
@@ -160,6 +163,7 @@ class Simulation:
             if w is not None:
                 if w.pid == self.holder():
                     self.trace.holder_kills.append(time.time())
+                self.trace.signals.append((time.time(), "kill", w.pid))
                 w.send_signal(signal.SIGKILL)
                 w.wait()
                 self.trace.killed.add(w.pid)
@@ -172,6 +176,7 @@ class Simulation:
         elif name == "zombie":
             w = self.victim()
             if w is not None:
+                self.trace.signals.append((time.time(), "stop", w.pid))
                 w.send_signal(signal.SIGSTOP)
                 self.trace.stopped.add(w.pid)
                 self.later.append((now + self.lease * self.rng.uniform(1.5, 3.0), "cont",
@@ -206,6 +211,7 @@ class Simulation:
                                 self.start_worker(tools=False)))
         elif name == "pg_restart":
             if self.restart is not None:  # only on a cluster of the test's own
+                self.trace.signals.append((time.time(), "restart", 0))
                 self.restart()
                 self.trace.restarts += 1
         elif name == "read":
@@ -256,6 +262,7 @@ class Simulation:
     def run(self) -> Trace:
         """Submit, drive under the operations to the end, stop every process."""
         definition = pools_ops.assign(self.case, model.composition(self.case, self.dir))
+        definition = resources_ops.assign(self.case, definition)  # issue 42
         self.rev.definition = self.rev.initial = definition
         flow = self.dir / "flow.json"
         flow.write_text(json.dumps(definition, indent=1), encoding="utf-8")

@@ -40,6 +40,9 @@ Each violation names its invariant, and the known break it looks like when it do
   among those the oracle (:func:`tests.conformance.model.expect`) allows; a failed
   compensation is only one the oracle says may fail (:func:`~tests.conformance.model.
   undo_may_fail`): never an interrupted step's undo that reads the output it lacks.
+- **resources** — at most N calls of a limited resource at once, but for holders killed
+  or stopped; no step waits for a slot for ever; no slot leaked
+  (:mod:`tests.conformance.resources_ops`).
 - **heartbeat** — what tools beat is recorded once per attempt, before its end, and
   handed to the next attempt from the log (:mod:`tests.conformance.heartbeats_ops`).
 - **driver** — a command the driver issued failed unexpectedly (a crash, a traceback),
@@ -55,7 +58,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from tests.conformance import heartbeats_ops, model, notify_ops, pools_ops, revisions_check
+from tests.conformance import (
+    heartbeats_ops,
+    model,
+    notify_ops,
+    pools_ops,
+    resources_ops,
+    revisions_check,
+)
 from tests.conformance.harness import TERMINAL, Simulation, Trace
 
 
@@ -113,6 +123,7 @@ def check(sim: Simulation, trace: Trace) -> list[str]:
     bad += notify_ops.check(sim, histories)  # issue 42
     bad += heartbeats_ops.check(histories, ledger)  # issue 42
     bad += pools_ops.check(sim, histories)  # issue 42
+    bad += resources_ops.check(sim, histories, ledger)  # issue 42
     for run_id, h in histories.items():
         undoable = _parent_undoable(case) if run_id == rid else _child_undoable
         # up to a reset (issue 40): revisions_check checks the reset's undo and what follows

@@ -1,7 +1,7 @@
 """Tools for the conformance simulator: every call and every undo is one JSON line.
 
 Workers load this module with ``--tools tests.conformance.tools``. Each call appends
-``{"kind": "call"|"undo", "tool", "run", "step", "key", "attempt", "pid"}`` to the ledger
+``{"kind": "call"|"end"|"undo", "tool", "run", "step", "key", "attempt", "pid", "t"}`` to the ledger
 file named by ``SIM_LEDGER`` (``O_APPEND`` writes of one line are atomic across
 processes), before it acts, so a call its worker died in is counted too. The invariants
 count effects from the ledger: calls per step attempt, undos per step, undo order.
@@ -49,6 +49,13 @@ def ledger(kind: str, name: str, ctx: ToolContext, **extra: Any) -> None:
 
 
 def _act(name: str, params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    try:
+        return _work(name, params, ctx)
+    finally:  # the call's end, returned or raised (resources_ops counts calls at once)
+        ledger("end", name, ctx)
+
+
+def _work(name: str, params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     ledger("call", name, ctx, resumed=ctx.last_heartbeat)  # (heartbeats_ops checks it)
     ctx.heartbeat({"attempt": ctx.attempt, "slept": 0})
     seconds = float(params.get("seconds", 0) or 0)
