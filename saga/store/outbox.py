@@ -14,8 +14,12 @@ notification at once; the claim counts the attempt and records it in
 ``saga_notification_attempts`` before anything is sent, and the result is written only
 while the lease is still the claimer's. A worker that dies mid-send leaves its attempt
 ``sending``; the row is claimed again once the lease lapses, or at once when that worker
-registered its liveness and its lock is gone (:func:`~saga.store.liveness.dead_sql`: its
-process died), and that attempt is then recorded ``interrupted``.
+registered its liveness and its lock is gone (its process died), and that attempt is then
+recorded ``interrupted``. The claim keeps the claimer's lock key on the row
+(``leased_key``, from ``saga_workers``): another worker's clean stop forgets the
+registrations of dead workers that hold no run's lease, and a delivery leased to one of
+those must not wait out its lease for that (:func:`~saga.store.liveness.dead_sql` covers a
+claimer that registered only after it claimed).
 
 The tables live beside the other side tables (the first partition, when partitioned).
 """
@@ -30,7 +34,7 @@ from typing import Any
 
 from saga.config import Settings
 from saga.errors import InputError, NotificationNotFoundError, Problem
-from saga.store.liveness import WORKERS_DDL, dead_sql, lock_folder, register_sqlite
+from saga.store.liveness import LIVE_LOCK, WORKERS_DDL, dead_sql, lock_folder, register_sqlite
 from saga.store.side_tables import Database, Row
 
 DDL = (
@@ -40,7 +44,7 @@ DDL = (
         secret_env TEXT NOT NULL, allow_insecure INTEGER NOT NULL,
         status TEXT NOT NULL, attempts INTEGER NOT NULL, created_at TEXT NOT NULL,
         next_at TEXT NOT NULL, deadline TEXT NOT NULL, lease_until TEXT, leased_by TEXT,
-        delivered_at TEXT, last_error TEXT, UNIQUE (event_id, target))""",
+        delivered_at TEXT, last_error TEXT, leased_key BIGINT, UNIQUE (event_id, target))""",
     """CREATE TABLE IF NOT EXISTS saga_notification_attempts (
         notification_id TEXT NOT NULL, attempt INTEGER NOT NULL, worker TEXT NOT NULL,
         started_at TEXT NOT NULL, finished_at TEXT, outcome TEXT NOT NULL,
@@ -61,10 +65,26 @@ INTERRUPTED = "its worker stopped before it recorded the answer (it may have bee
 _ID = re.compile(r"[0-9a-f]{4,16}")  # a notification's id, or a prefix of one
 _INSERT = (f"INSERT INTO saga_notifications ({', '.join(COLUMNS)}) VALUES "
            f"({', '.join('?' for _ in COLUMNS)}) ON CONFLICT DO NOTHING")
+#: Columns added since the table's first version (a store made before has them added).
+ADDED = {"saga_notifications": {"leased_key": "BIGINT"}}
 #: The due rows a claim takes: pending, their time come, and nobody sending them now (no
 #: lease, a lapsed one, or ``{dead}``: its worker's process gone).
 _DUE = ("SELECT id FROM saga_notifications WHERE status = 'pending' AND next_at <= ? "
         "AND (lease_until IS NULL OR lease_until < ? OR {dead}) ORDER BY next_at, id LIMIT ?")
+
+
+def _dead(pg: bool) -> str:
+    """True when a row's lease holder had registered its liveness (its lock key kept on
+    the row when it claimed, or its registration now) and its lock is no longer held."""
+    if pg:
+        alive = ("saga_notifications.leased_key IN (SELECT k.objid::int8 FROM pg_locks AS k "
+                 f"WHERE k.locktype = 'advisory' AND k.classid = {LIVE_LOCK} "
+                 "AND k.objsubid = 2 AND k.granted AND k.database = "
+                 "(SELECT oid FROM pg_database WHERE datname = current_database()))")
+    else:  # one host: the lock is the holder's file (see saga.store.liveness)
+        alive = "saga_alive(saga_notifications.leased_by)"
+    return (f"((saga_notifications.leased_key IS NOT NULL AND NOT {alive}) "
+            f"OR {dead_sql('saga_notifications.leased_by', pg)})")
 
 
 def notification_id(event_id: str, target: str) -> str:
@@ -88,13 +108,13 @@ class Outbox:
         """Open a connection to the store's side tables (made on first use)."""
         self._db = Database(settings)
         self._ready = False
-        self._due = _DUE.format(dead=dead_sql("saga_notifications.leased_by", self._db.pg))
+        self._due = _DUE.format(dead=_dead(self._db.pg))
 
     def _ensure(self) -> None:
         if not self._ready:
             if not self._db.pg:  # saga_alive(worker), which a claim's liveness check calls
                 register_sqlite(self._db.conn, lock_folder(self._db))
-            self._db.create(DDL + WORKERS_DDL)
+            self._db.create(DDL + WORKERS_DDL, ADDED)
             self._ready = True
 
     # -- following the log --------------------------------------------------------------
@@ -136,7 +156,10 @@ class Outbox:
         until ``lease_until`` (ISO), its attempt counted and recorded as ``sending``."""
         self._ensure()
         due = self._due + (" FOR UPDATE SKIP LOCKED" if self._db.pg else "")
+        # the claimer's lock key, when it registered: its death frees the row even after
+        # its registration is forgotten
         update = (f"UPDATE saga_notifications SET lease_until = ?, leased_by = ?, "
+                  f"leased_key = (SELECT lock_key FROM saga_workers WHERE worker = ?), "
                   f"attempts = attempts + 1 WHERE id IN ({due}) RETURNING {', '.join(COLUMNS)}")
 
         if not self._db.query(self._due, (now, now, 1)):
@@ -144,7 +167,8 @@ class Outbox:
 
         def once() -> list[Claimed]:
             with self._db.tx() as cur:
-                cur.execute(self._db.sql(update), (lease_until, worker, now, now, limit))
+                cur.execute(self._db.sql(update), (lease_until, worker, worker, now, now,
+                                                   limit))
                 rows = [dict(zip(COLUMNS, r, strict=True)) for r in cur.fetchall()]
                 # an earlier attempt still "sending" was cut short: its lease lapsed
                 cut = [(now, INTERRUPTED, r["id"], r["attempts"]) for r in rows
@@ -181,7 +205,7 @@ class Outbox:
                      row_id, claimed.attempt))
                 cur.execute(self._db.sql(
                     "UPDATE saga_notifications SET status = ?, next_at = ?, lease_until = NULL, "
-                    "leased_by = NULL, delivered_at = ?, last_error = ? "
+                    "leased_by = NULL, leased_key = NULL, delivered_at = ?, last_error = ? "
                     "WHERE id = ? AND leased_by = ? AND attempts = ?"),
                     (status, next_at or now, now if delivered else None, error, row_id,
                      worker, claimed.attempt))
@@ -251,7 +275,7 @@ class Outbox:
         changed = self._db.execute(
             "UPDATE saga_notifications SET status = 'pending', next_at = ?, "
             "deadline = CASE WHEN deadline > ? THEN deadline ELSE ? END, "
-            "lease_until = NULL, leased_by = NULL WHERE id = ? "
+            "lease_until = NULL, leased_by = NULL, leased_key = NULL WHERE id = ? "
             "AND (lease_until IS NULL OR lease_until < ?)",
             (now, deadline, deadline, row["id"], now))
         if changed != 1:

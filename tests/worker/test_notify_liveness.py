@@ -1,6 +1,9 @@
 """A notification leased to a worker whose process died is sent again at once, not after
 its lease: the claim treats a lease whose worker registered its liveness, and whose lock
-is gone, as lapsed (SQLite and PostgreSQL, the dead worker a real process SIGKILLed)."""
+is gone, as lapsed (SQLite and PostgreSQL, the dead worker a real process SIGKILLed),
+also once another worker's clean stop has forgotten the dead one's registration (it
+holds no run's lease: the conformance simulator's churn found such a delivery left
+pending for its whole lease)."""
 
 from __future__ import annotations
 
@@ -12,9 +15,14 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+
 from saga import Saga
 from saga.config import Settings
+from saga.store.leases import Leases
+from saga.store.liveness import Liveness
 from saga.store.outbox import Outbox
+from saga.store.side_tables import Database
 from saga.worker.notify import Notifier
 from tests.worker.test_notify import ROOT, SECRET, Receiver, env_of, free_port
 
@@ -39,8 +47,9 @@ CLAIMER = textwrap.dedent("""
 """)
 
 
-def test_a_dead_workers_notification_is_sent_again_at_once(settings: Settings,
-                                                           tmp_path: Path) -> None:
+@pytest.mark.parametrize("forgotten", [False, True], ids=["registered", "forgotten"])
+def test_a_dead_workers_notification_is_sent_again_at_once(settings: Settings, tmp_path: Path,
+                                                           forgotten: bool) -> None:
     port = free_port()
     receiver = Receiver(port)
     receiver.start()
@@ -64,6 +73,13 @@ def test_a_dead_workers_notification_is_sent_again_at_once(settings: Settings,
         assert notifier.round() == (0, 0)  # its worker is alive: not sent
         claimer.send_signal(signal.SIGKILL)
         claimer.wait()
+        if forgotten:  # another worker stops cleanly: "dead" holds no run's lease
+            db = Database(settings)
+            other = Liveness(Leases(db).db, "other")
+            other.start(5)
+            other.stop()
+            assert not db.query("SELECT worker FROM saga_workers WHERE worker = 'dead'")
+            db.close()
         # Its lock went with it: the notification is due again now, its lease unexpired.
         assert notifier.round() == (0, 1)
         [row] = Outbox(settings).listing()
