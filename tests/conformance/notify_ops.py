@@ -4,8 +4,10 @@ Every simulation configures one webhook for every kind of news (``saga.toml`` in
 simulation's folder, which every process it starts reads) to a receiver in this process
 that refuses each event's first request (503), so each notification is tried at least
 twice while workers are killed, stopped, restarted and taken over. When the run is over,
-a notifier in this process sends what is still due, then the log, the outbox and the
-receiver must agree, by an oracle of news written apart from ``saga.worker.notify``:
+a notifier in this process sends what is still due (waiting, bounded, for attempts due
+soon; a delivery leased to a process gone must come back at once, not after its lease),
+then the log, the outbox and the receiver must agree, by an oracle of news written apart
+from ``saga.worker.notify``:
 
 - derived exactly once: each event that is news has exactly one notification, keyed by
   its id (``<run id>:<version>``), and nothing else has one;
@@ -24,10 +26,12 @@ import json
 import threading
 import time
 from collections import Counter
+from datetime import UTC, datetime
 from typing import Any
 
 from saga.api import Saga
 from saga.config import load_settings
+from saga.store.outbox import Outbox
 from saga.worker.notify import Notifier
 
 SECRET = "sim-hook-secret"
@@ -98,19 +102,47 @@ def _signed(header: str, body: bytes) -> bool:
     return hmac.compare_digest(mac, fields.get("v1", ""))
 
 
-def _drain(saga: Saga, seconds: float = 30.0) -> None:
+#: How long the drain waits for what is still pending: each attempt is due within
+#: ``backoff_max`` (0.2 s) of the last, and a delivery leased to a process gone must come
+#: back at once (its liveness lock went with it), so this is well under a lease's length
+#: (the request timeout + 30 s): a lease left to lapse is a violation, not waited out.
+DRAIN_SECONDS = 30.0
+
+
+def _drain(saga: Saga, seconds: float = DRAIN_SECONDS) -> dict[str, str]:
     """Derive and send what is still due from this process (the simulation's workers
-    are gone), with the simulation's saga.toml (its settings carry the [[notify]])."""
+    are gone), with the simulation's saga.toml (its settings carry the [[notify]]), until
+    nothing is pending or ``seconds`` passed; then why each event still pending is (its
+    last look: a lease held and whose, or when its next attempt is due)."""
     notifier = Notifier(saga.app, saga.settings, "sim-drain", env={"SIM_HOOK_SECRET": SECRET})
+    outbox = Outbox(saga.settings)
     try:
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+        while True:
             notifier.round()
-            if not saga.notifications("pending", limit=None):
-                return
+            pending = outbox.listing("pending", limit=None)
+            if not pending or time.monotonic() >= deadline:
+                break
             time.sleep(0.2)
+        now = datetime.now(UTC)
+        return {row["event_id"]: _why(row, now, seconds) for row in pending}
     finally:
         notifier.stop()
+        outbox.close()
+
+
+def _why(row: dict[str, Any], now: datetime, seconds: float) -> str:
+    """Why a notification is still pending after the drain, as its row says."""
+    def after(iso: str) -> str:
+        return f"{(datetime.fromisoformat(iso) - now).total_seconds():+.1f}s"
+
+    tried, waited = f"{row['attempts']} attempts", f"after {seconds:.0f}s of draining"
+    if row["lease_until"] and row["lease_until"] > now.isoformat(timespec="microseconds"):
+        return (f"{tried}; {waited} still leased to {row['leased_by']} (a process gone) "
+                f"until {after(row['lease_until'])}: a dead holder's lease not taken back")
+    if row["next_at"] <= now.isoformat(timespec="microseconds"):
+        return f"{tried}; {waited} due since {after(row['next_at'])}, and not claimed"
+    return f"{tried}; {waited} its next attempt is due only at {after(row['next_at'])}"
 
 
 def check(sim: Any, histories: dict[str, list[dict[str, Any]]]) -> list[str]:
@@ -120,7 +152,7 @@ def check(sim: Any, histories: dict[str, list[dict[str, Any]]]) -> list[str]:
         return []
     try:
         with Saga(load_settings(sim.env, cwd=sim.dir)) as saga:
-            _drain(saga)
+            stuck = _drain(saga)
             rows = {n["id"]: saga.notification(n["id"])
                     for n in saga.notifications(limit=None)}
     finally:
@@ -139,9 +171,10 @@ def check(sim: Any, histories: dict[str, list[dict[str, Any]]]) -> list[str]:
     heard = Counter(event for event, _, _ in receiver.got)
     for n in rows.values():
         if n["status"] != "delivered" or not heard[n["event_id"]]:
+            why = f"; {stuck[n['event_id']]}" if n["event_id"] in stuck else ""
             bad.append(f"notified: {n['event_id']} ({n['type']}) is {n['status']} and was "
                        f"received {heard[n['event_id']]} times (last error: "
-                       f"{n['last_error']})")
+                       f"{n['last_error']}){why}")
         if heard[n["event_id"]] > n["attempts"]:
             bad.append(f"notified: {n['event_id']} was received {heard[n['event_id']]} times "
                        f"but {n['attempts']} attempts are recorded")
