@@ -2,9 +2,10 @@
 
 Some generated cases (chosen by their salt, so a saved case replays the same; see
 :func:`limited`) limit a resource: the simulation's ``saga.toml`` says
-``[resources.r1] concurrency = N`` (N = 1 or 2, by salt), and about two of every three
-top-level tool and loop steps name ``resource: r1`` (:func:`assign`; a parallel group's
-members and a loop's iterations then take turns). The tools' ledger
+``[resources.r1] concurrency = N`` (N = 1, or 2 in a third of them, by salt), and every
+parallel group's member, every loop and about half the other top-level tool steps name
+``resource: r1`` (:func:`assign`; a group's members and a loop's iterations then take
+turns). The tools' ledger
 (:mod:`tests.conformance.tools`) has each call's start (``call``) and end (``end``, also
 when the tool raised). Kills, zombies, outages and restarts go on as in any case, and the
 other invariants hold as for any case (limits change no outcome: the oracle ignores
@@ -55,16 +56,18 @@ def limited(case: dict[str, Any]) -> int:
             or any(case == aimed for aimed in model.TARGETED.values()):
         return 0
     rng = random.Random(f"resources-{case['salt']}")
-    return rng.choice([1, 2]) if rng.random() < 0.5 else 0
+    return rng.choice([1, 1, 2]) if rng.random() < 0.5 else 0
 
 
 def steps(case: dict[str, Any]) -> set[str]:
-    """The top-level steps that name ``resource: r1`` (tool and loop steps only)."""
+    """The top-level steps that name ``resource: r1``: every parallel group's member and
+    every loop (their calls may run at once: they contend), and about half the other
+    tool steps (theirs run one at a time)."""
     if not limited(case):
         return set()
     rng = random.Random(f"resources-of-{case['salt']}")
-    return {s["id"] for s in case["steps"]
-            if s["kind"] in ("act", "loop") and rng.random() < 2 / 3}
+    return {s["id"] for s in case["steps"] if s["kind"] == "loop" or s.get("group")
+            or (s["kind"] == "act" and rng.random() < 0.5)}
 
 
 def configure(sim: Simulation) -> None:
