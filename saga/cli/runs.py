@@ -35,6 +35,7 @@ from saga.composition.definition import coerce_text, parse_text
 from saga.domain import RUN_STATUSES, TERMINAL, Run
 from saga.errors import DefinitionError, InputError, Problem, SagaError
 from saga.executor import recorded_modules
+from saga.store.leases import lease_key
 from saga.views import run_summary
 
 
@@ -294,7 +295,23 @@ def _undo_command(name: str, doc: str) -> None:
                 result = method(run_id, actor=actor, reason=reason, on_events=progress.update)
         intended = {"retry": ("completed", "waiting"), "compensate": ("compensated",),
                     "cancel": ("cancelled",)}[name]
+        if result.status not in intended and result.status in ("running", "compensating"):
+            # Recorded, and under way in another driver (a live worker held the run past
+            # the command's wait for its lease): the command stands, it did not fail.
+            _handed_over(saga, result, name)
+            intended = (result.status,)
         _finish(result, as_json, intended)
+
+
+def _handed_over(saga: Saga, run: Run, name: str) -> None:
+    """Say (on stderr) who carries out a command this process recorded but did not
+    drive, and how to follow the run."""
+    held = saga.leases.holder(lease_key(str(run.id)))
+    doing = "driving" if name == "retry" else "undoing"
+    who = f"the worker holding the run ({held[0]}) is {doing} it" if held else \
+        "a worker carries it out"
+    click.echo(f"{name} recorded; {who}. Follow it: saga watch {run.run_id} "
+               f"(or saga status {run.run_id})", err=True)
 
 
 def _bulk(saga: Saga, name: str, actor: str | None, reason: str | None, dry_run: bool,
