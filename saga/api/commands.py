@@ -5,6 +5,7 @@ event, reloading on a concurrent write, and some then drive the run."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -176,10 +177,15 @@ class RunCommands:
         return revise.relabel(self.app, self.resolve(run_id), dict(changes),
                               actor or self.settings.actor)
 
-    def _append(self, run_id: str, record: Any) -> Run:
-        """Append a command's event, reloading on a concurrent write; drive nothing."""
-        for _ in range(5):
-            run = self.get(run_id)
+    def _append(self, run_id: str, record: Any, run: Run | None = None) -> Run:
+        """Append a command's event, reloading on a concurrent write (a worker recorded a
+        step meanwhile: ``record`` checks the command still applies to the run as it is
+        now, and records it again); drive nothing. ``run``: as the caller read it."""
+        for attempt in range(6):
+            if attempt:  # a busy run: let the writer that came first finish its burst
+                time.sleep(0.01 * 2 ** attempt)
+            if run is None:
+                run = self.get(run_id)
             _refuse_redacted(run)
             record(run)
             pending = list(run.pending_events)
@@ -188,26 +194,16 @@ class RunCommands:
                 metrics.recorded(run.name, pending)
                 return run
             except ConcurrentWriteError:
-                continue
+                run = None
         raise ConcurrentWriteError(run_id)
 
     def _command(self, run_id: str, record: Any, on_events: EventHook | None) -> Run:
         """Append a command's event (reloading on a concurrent write), then drive the run
         (nothing is appended when this process lacks a tool the drive needs)."""
-        for _ in range(5):
-            run = self.get(run_id)
-            _refuse_redacted(run)
+        def checked(run: Run) -> None:
             record(run)  # a command that does not apply says so first
             check_tools(self.registry, run, get_run=self.app.get_run)
-            pending = list(run.pending_events)
-            try:
-                self.app.save_run(run)
-                metrics.recorded(run.name, pending)
-                break
-            except ConcurrentWriteError:
-                continue
-        else:
-            raise ConcurrentWriteError(run_id)
+        self._append(run_id, checked)
         run = self.get(run_id)
         try:
             parent = self._driving_parent(run)
@@ -243,9 +239,17 @@ class RunCommands:
                 raise RunStateError(f"step {step_id!r} of run {run_id} is not waiting for "
                                     "approval")
             run = child
-        run.decide_approval(step_id, approved, actor or self.settings.actor, comment)
-        self.app.save_run(run)
-        return run
+        asked = run.approvals[step_id].get("requested_at")  # the request being decided
+        who = actor or self.settings.actor
+
+        def record(now: Run) -> None:
+            # Read again after a worker's append: decide only the same request, still open.
+            approval = now.approvals.get(step_id) or {}
+            if approval.get("status") != "requested" or approval.get("requested_at") != asked:
+                raise RunStateError(f"step {step_id!r} of run {now.run_id} is not waiting for "
+                                    "approval (it was decided or asked again meanwhile)")
+            now.decide_approval(step_id, approved, who, comment)
+        return self._append(run.run_id, record, run)
 
 
 def _refuse(run: Run, control: str) -> None:
