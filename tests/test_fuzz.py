@@ -16,6 +16,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -619,6 +620,7 @@ def _can_be_argv(arg: str) -> bool:
 @given(data=composition(),
        pairs=input_pairs.filter(lambda pairs: all(_can_be_argv(p) for p in pairs)),
        command=st.sampled_from(["validate", "run"]))
+@example(data={"name": "fuzz", "nodes": [], "edges": []}, pairs=[], command="validate")
 def test_real_processes_exit_with_one_line(tmp_path: Path, data: Any, pairs: list[str],
                                            command: str) -> None:
     path = as_file(data, tmp_path, "json")
@@ -631,5 +633,11 @@ def test_real_processes_exit_with_one_line(tmp_path: Path, data: Any, pairs: lis
                           timeout=60, errors="replace")
     assert proc.returncode in (0, 2), proc.stderr
     assert "Traceback" not in proc.stderr and "run with --debug" not in proc.stderr
-    assert len(proc.stderr.splitlines()) <= 1, proc.stderr
+    lines = proc.stderr.splitlines()
+    listed = re.match(r"error: .* is invalid for (\d+) reasons:$", lines[0]) if lines else None
+    if listed:  # a validation error lists every problem, one indented line each
+        assert len(lines) == 1 + int(listed[1]), proc.stderr
+        assert all(line.startswith("  ") for line in lines[1:]), proc.stderr
+    else:
+        assert len(lines) <= 1, proc.stderr
     assert events(tmp_path / ".saga") == 0
