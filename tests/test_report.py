@@ -347,12 +347,13 @@ def test_a_doctored_run_is_reported_broken(saga: Saga, settings: Settings) -> No
 
     # Retention redacts the intact run (and leaves the evidence of the broken one): it
     # still verifies, with its user data removed from RunStarted, StepStarted (hold,
-    # charge), StepCompleted (hold), StepCompensated (hold) and RunCompensated: 6 events.
+    # charge), StepCompleted (hold), StepCompensationStarted (hold: the undo's rendered
+    # parameters), StepCompensated (hold) and RunCompensated: 7 events.
     assert audit.apply_retention(settings, 0) == [intact]
     report = build_report(saga, now=NOW)
     verdicts = {x["run_id"]: x for x in report.verification}
-    assert (verdicts[intact]["verdict"], verdicts[intact]["redacted"]) == ("OK", 6)
-    assert report.summary["redacted_events"] == 6 and report.summary["broken"] == 1
+    assert (verdicts[intact]["verdict"], verdicts[intact]["redacted"]) == ("OK", 7)
+    assert report.summary["redacted_events"] == 7 and report.summary["broken"] == 1
     assert report.compensations[0]["run_id"] == intact  # its events still read
 
 
