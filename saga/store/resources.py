@@ -9,6 +9,9 @@ Three tables beside the events, as :mod:`saga.store.leases` keeps a queue's limi
   when its ``worker`` registered its liveness and its lock is gone (its process died:
   :func:`~saga.store.liveness.dead_sql`, checked in the transaction that acquires), so a
   step taken over at once after a kill need not wait a lease for the dead call's slot.
+  The row keeps the worker's lock key (``worker_key``) from when it took the slot: a
+  clean stop of another worker forgets the registrations of dead workers that hold no
+  run's lease (their runs taken over), and their slots must not wait out their expiry.
 - ``saga_resource_waiters`` (resource, holder, ``seq``, run, step, since, expiry): the
   calls waiting for a slot, in arrival order (``seq``). A slot goes to the earliest
   waiters first: a call may take one only while fewer waiters came before it than there
@@ -36,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from saga.config import ResourceLimit
-from saga.store.liveness import WORKERS_DDL, dead_sql, lock_folder, register_sqlite
+from saga.store.liveness import LIVE_LOCK, WORKERS_DDL, dead_sql, lock_folder, register_sqlite
 from saga.store.side_tables import Database
 
 RESOURCE_DDL = (
@@ -90,9 +93,8 @@ class ResourceSlots:
             register_sqlite(db.conn, lock_folder(db))
         #: A slot that counts no more: expired (parameter: now), or its worker's process
         #: gone (a worker that never registered, or none, keeps it until it expires).
-        self._lapsed = ("(expires_at < ? OR "
-                        + dead_sql("saga_resource_slots.worker", db.pg) + ")")
-        db.create(RESOURCE_DDL + WORKERS_DDL)
+        self._lapsed = f"(expires_at < ? OR {_dead(db.pg)})"
+        db.create(RESOURCE_DDL + WORKERS_DDL, {"saga_resource_slots": {"worker_key": "BIGINT"}})
 
     def limited(self, names: Sequence[str]) -> list[str]:
         """Those of ``names`` that saga.toml limits (the others cost nothing), sorted:
@@ -186,8 +188,9 @@ class ResourceSlots:
         if cur.rowcount:
             return  # held already: renewed
         cur.execute(sql("INSERT INTO saga_resource_slots (resource, holder, run_id, step, "
-                        "worker, acquired_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)"),
-                    (name, holder, run_id, step, worker, now, now + seconds))
+                        "worker, acquired_at, expires_at, worker_key) VALUES (?, ?, ?, ?, ?, "
+                        "?, ?, (SELECT lock_key FROM saga_workers WHERE worker = ?))"),
+                    (name, holder, run_id, step, worker, now, now + seconds, worker))
         cur.execute(sql("DELETE FROM saga_resource_waiters WHERE resource = ? AND holder = ?"),
                     (name, holder))
         if self.limits[name].rate is not None:
@@ -289,6 +292,20 @@ class ResourceSlots:
                                                 float(b["tokens"]) + refill)))
             found.update(runs[:max(0, int(min(free, len(runs))))])
         return found
+
+
+def _dead(pg: bool) -> str:
+    """True when a slot's worker registered its liveness (its lock key kept on the row
+    when it took the slot, or its registration now) and its lock is no longer held."""
+    if pg:
+        alive = ("saga_resource_slots.worker_key IN (SELECT k.objid::int8 FROM pg_locks AS k "
+                 f"WHERE k.locktype = 'advisory' AND k.classid = {LIVE_LOCK} "
+                 "AND k.objsubid = 2 AND k.granted AND k.database = "
+                 "(SELECT oid FROM pg_database WHERE datname = current_database()))")
+    else:  # one host: the lock is the worker's file (see saga.store.liveness)
+        alive = "saga_alive(saga_resource_slots.worker)"
+    return (f"((saga_resource_slots.worker_key IS NOT NULL AND NOT {alive}) "
+            f"OR {dead_sql('saga_resource_slots.worker', pg)})")
 
 
 def _key(name: str) -> int:
