@@ -300,9 +300,11 @@ class Leases:
 
     def renew(self, run_id: str, worker: str, seconds: float) -> bool:
         """Extend a lease this worker holds; False if it was taken over, or this worker
-        lost its liveness (others may take its runs at any time until it has it again)."""
+        lost its liveness (others may take its runs at any time until it has it again:
+        :meth:`~saga.store.liveness.Liveness.revive` tries to, then this lease is still
+        its own only if nobody took it meanwhile)."""
         binding = self.bindings.get(worker)
-        if binding is not None and not binding.alive:
+        if binding is not None and not binding.revive():
             return False
         return self.db.execute(
             "UPDATE saga_leases SET expires_at = ? WHERE run_id = ? AND worker = ?",

@@ -23,7 +23,13 @@ lists the leases whose holders are dead. PostgreSQL cannot notify anyone that a 
 lock dropped, and a sweep on the connection that holds the worker's own lock doubles as
 the check that the lock is still held: if that connection is lost, the worker's leases
 stop counting as held (:meth:`Liveness.alive`) until it has the lock again, so its drives
-start nothing more (a lapsed lease starts nothing).
+start nothing more (a lapsed lease starts nothing), and the worker claims nothing.
+
+The lock is taken again by the next sweep, or by a drive's renewal once the loss is
+:data:`SWEEP_EVERY` old (:meth:`Liveness.revive`); a renewal then finds its lease still
+its own unless another worker took the run meanwhile. A server restart drops every lock
+at once: the worker is not dead, and its runs go on (a drive that found the loss before
+the lock was back gives its run up, and takes it up again, at most once a loss).
 
 A worker restarted with the same id takes its lock once the old process's is gone (it
 waits up to a lease's length for that, then refuses: two live processes with one id
@@ -39,6 +45,7 @@ import hashlib
 import logging
 import os
 import socket
+import threading
 import time
 import urllib.parse
 from collections.abc import Callable
@@ -151,6 +158,10 @@ class Liveness:
         self._locked = False  # ... once it has taken it
         self._fd: int | None = None  # SQLite: the open lock file
         self._swept = float("-inf")  # when the last sweep ran (monotonic)
+        self._tried = float("-inf")  # when the lock was last found lost or tried (monotonic)
+        # A look's sweep and the drives' renewals (threads) may each find the lock lost
+        # and take it again: one at a time, on one connection.
+        self._guard = threading.RLock()
         self._dead_sql = ("SELECT run_id FROM saga_leases AS l WHERE l.worker <> {mark} AND "
                           + dead_sql("l.worker", self.pg))
 
@@ -158,6 +169,11 @@ class Liveness:
     def alive(self) -> bool:
         """Whether this worker holds its lock (so its leases still count)."""
         return self._fd is not None or (self._locked and self._usable())
+
+    @property
+    def lost(self) -> bool:
+        """Whether this worker, started, has lost its lock (and not taken it again)."""
+        return self.bindings.get(self.worker) is self and not self.alive
 
     def _usable(self) -> bool:
         return self._conn is not None and not self._conn.closed and not self._conn.broken
@@ -267,24 +283,46 @@ class Liveness:
         return [row["run_id"] for row in self.db.query(self._dead_sql.format(mark="?"),
                                                        (self.worker,))]
 
-    def _sweep_pg(self) -> list[str]:
-        if not self.alive:
+    def revive(self, *, now: bool = False) -> bool:
+        """Whether this worker holds its lock, taking it again first if it was lost (and,
+        unless ``now``, found lost or last tried at least SWEEP_EVERY ago: others had a
+        moment to see it gone). Taking it again registers again (a stopping worker may
+        have forgotten this one meanwhile). Only the lock is retaken: each lease is still
+        this worker's only if nobody took it meanwhile, which its renewal checks."""
+        if self.alive:
+            return True
+        if not self.pg:
+            return False  # a lock file is held until the process dies
+        with self._guard:
+            if self.alive:  # another thread took it meanwhile
+                return True
+            if not now and time.monotonic() - self._tried < SWEEP_EVERY:
+                return False
+            self._tried = time.monotonic()
             try:
                 if not self._lock():
-                    return []
+                    return False
                 self._register()
             except StoreUnavailableError as e:
                 log.info("worker %s: its liveness lock is still lost: %s", self.worker, e)
+                self._locked = False
+                return False
+        log.warning("worker %s: its liveness lock is held again", self.worker)
+        return True
+
+    def _sweep_pg(self) -> list[str]:
+        with self._guard:
+            if not self.revive(now=True):
                 return []
-            log.warning("worker %s: its liveness lock is held again", self.worker)
-        try:
-            rows = self._conn.execute(self._dead_sql.format(mark="%s"),
-                                      (self.worker,)).fetchall()
-        except Exception as e:
-            log.warning("worker %s: its liveness lock is lost: %s", self.worker,
-                        first_line(e))
-            self._drop()
-            return []
+            try:
+                rows = self._conn.execute(self._dead_sql.format(mark="%s"),
+                                          (self.worker,)).fetchall()
+            except Exception as e:
+                log.warning("worker %s: its liveness lock is lost: %s", self.worker,
+                            first_line(e))
+                self._tried = time.monotonic()
+                self._drop()
+                return []
         return [row[0] for row in rows]
 
     def stop(self) -> None:

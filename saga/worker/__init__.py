@@ -249,6 +249,12 @@ class Worker:
             self.index.held(self._lacking.popleft(), later.isoformat())
         while self._parked:
             self.index.park(self._parked.popleft())
+        if self.liveness.lost:
+            # Its leases do not count until its lock is back (saga.store.liveness): a run
+            # claimed now would record a start and be given up at once, and taken over by
+            # this worker itself on the next look (a server restart so quarantined runs).
+            # Nothing is claimed, but the worker is not idle: it looks again soon.
+            return [], {}, True
         active = set(driving)  # and those claimed in this look
         started: list[str] = []
         claimed_at = self.leases.clock()  # no claim of this look is earlier

@@ -10,7 +10,7 @@ import pytest
 from saga import Saga
 from saga.config import Settings
 from saga.errors import ConfigError
-from saga.store.liveness import Liveness
+from saga.store.liveness import SWEEP_EVERY, Liveness
 from saga.tools import Registry
 
 
@@ -88,4 +88,30 @@ def test_a_worker_that_loses_its_lock_holds_no_lease_until_it_has_it_again(
         w.sweep()
         assert w.alive
         assert not leases.claim("r1", "w", 30)  # the other's now
+        w.stop()
+
+
+def test_a_renewal_takes_a_lost_lock_back_and_keeps_its_lease_if_nobody_took_it(
+        pg_settings: Settings, registry: Registry) -> None:
+    """A server restart drops every lock, a live worker's too: a drive's renewal, once the
+    loss is SWEEP_EVERY old, takes the lock again and keeps its lease (nobody took the run
+    meanwhile), where it gave the run up before (and a server restart quarantined runs)."""
+    with Saga(pg_settings, registry=registry) as saga:
+        leases = saga.leases
+        w = Liveness(leases.db, "w", leases.bindings)
+        w.start(1.0)
+        assert leases.claim("r1", "w", 30)
+        lease = leases.lease("r1", "w", 30)
+        lease.expires = leases.clock() + 30
+        leases.db.query("SELECT pg_terminate_backend(%s) AS done", (w._conn.info.backend_pid,))
+        w._swept = float("-inf")
+        assert w.sweep() == [] and w.lost  # found lost: the worker claims nothing now
+        assert not lease.renew()  # not at once: others had no moment to see it gone
+        back = time.monotonic() + 5  # (once the old backend has let the lock go)
+        while not lease.renew():
+            assert time.monotonic() < back, "the renewal never took the lock back"
+            time.sleep(SWEEP_EVERY)
+        assert w.alive and not w.lost and lease.fresh(1.0)
+        assert leases.holder("r1")[0] == "w"  # type: ignore[index]
+        assert not leases.claim("r1", "other", 30)  # it counts again
         w.stop()
