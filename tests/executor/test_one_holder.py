@@ -26,7 +26,8 @@ RUN = "BESIDE-1"
 def _calls(ledger: Path) -> list[dict[str, object]]:
     if not ledger.exists():
         return []
-    return [json.loads(line) for line in ledger.read_text().splitlines() if line]
+    lines = [json.loads(line) for line in ledger.read_text().splitlines() if line]
+    return [c for c in lines if c.get("kind") != "end"]  # a call's start, not its end
 
 
 def test_resume_leaves_a_run_to_its_live_worker(settings: Settings, tmp_path: Path) -> None:
