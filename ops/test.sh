@@ -16,4 +16,7 @@ fi
 # The viewer's browser tests need Debian's chromium; without it they skip (never in CI).
 bash ops/ensure-browser.sh || { [ -z "${CI:-}" ] || exit 1; echo "ops/test.sh: no chromium: the browser tests will be skipped" >&2; }
 export SAGA_TEST_DATABASE_URL=${SAGA_TEST_DATABASE_URL:-postgresql://postgres@127.0.0.1:5432/test}
-python -m pytest "$@"
+# Two pytest processes (pytest-xdist), each test handed to whichever is free: most tests
+# wait on real processes and servers, so two share the machine's CPUs well.
+# SAGA_TEST_PROCESSES=0 runs the suite in one process.
+python -m pytest -n "${SAGA_TEST_PROCESSES:-2}" --dist worksteal "$@"
