@@ -140,10 +140,11 @@ class Simulation:
         parts = str(held[0]).split(":")
         return int(parts[1]) if len(parts) > 2 and parts[1].isdigit() else None
 
-    def victim(self) -> subprocess.Popen[bytes] | None:
-        """The worker driving the run when it is one of ours, else any live worker."""
+    def victim(self, at_random: bool = False) -> subprocess.Popen[bytes] | None:
+        """The worker driving the run when it is one of ours (unless ``at_random``),
+        else any live worker."""
         live = self.live_workers()
-        pid = self.holder()
+        pid = None if at_random else self.holder()
         mine = [w for w in live if w.pid == pid]
         return mine[0] if mine else (self.rng.choice(live) if live else None)
 
@@ -158,8 +159,14 @@ class Simulation:
     def op(self, name: str, now: float) -> None:
         self.trace.ops.append(f"{now:.2f}s {name}")
         rid = self.trace.run_id
-        if name == "kill":
-            w = self.victim()
+        if name in ("kill", "churn_kill"):
+            # A kill aims at the run's driver. Churn kills workers at random, as a fleet's
+            # deaths come: since a dead driver's run is taken over at once (liveness),
+            # aiming each of churn's kills (every 0.1-0.6 s) at the driver would kill
+            # every step's driver faster than the step takes, which is the quarantine
+            # net's case (saga.scheduler.policy.QUARANTINE_NET), not a healthy run living
+            # through churn.
+            w = self.victim(at_random=name == "churn_kill")
             if w is not None:
                 if w.pid == self.holder():
                     self.trace.holder_kills.append(time.time())
@@ -172,7 +179,7 @@ class Simulation:
             at = now
             while at < now + 3.0:  # a kill every 0.1-0.6 s for 3 s
                 at += self.rng.uniform(0.1, 0.6)
-                self.later.append((at, "op", "kill"))
+                self.later.append((at, "op", "churn_kill"))
         elif name == "zombie":
             w = self.victim()
             if w is not None:
