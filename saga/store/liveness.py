@@ -85,16 +85,29 @@ def lock_key(place: str, worker: str) -> int:
 def dead_sql(holder: str, pg: bool, workers: str = "saga_workers") -> str:
     """SQL that is true when the lease holder ``holder`` (a column) registered its
     liveness in ``workers`` and its lock is no longer held: its process is gone."""
-    if pg:
-        # Uncorrelated, so read once per statement and hashed, however many leases it
-        # is asked about (pg_locks lists the whole server's locks).
-        alive = ("w.lock_key IN (SELECT k.objid::int8 FROM pg_locks AS k WHERE "
-                 f"k.locktype = 'advisory' AND k.classid = {LIVE_LOCK} AND k.objsubid = 2 "
-                 "AND k.granted AND k.database = "
-                 "(SELECT oid FROM pg_database WHERE datname = current_database()))")
-    else:
-        alive = "saga_alive(w.worker)"  # see register_sqlite
+    alive = _held_sql("w.lock_key") if pg else "saga_alive(w.worker)"  # register_sqlite
     return f"EXISTS (SELECT 1 FROM {workers} AS w WHERE w.worker = {holder} AND NOT {alive})"
+
+
+def _held_sql(key: str) -> str:
+    """SQL that is true when the liveness lock ``key`` (a column or expression) is held
+    on this PostgreSQL database. Uncorrelated, so read once per statement and hashed,
+    however many rows it is asked about (pg_locks lists the whole server's locks)."""
+    return (f"{key} IN (SELECT k.objid::int8 FROM pg_locks AS k WHERE "
+            f"k.locktype = 'advisory' AND k.classid = {LIVE_LOCK} AND k.objsubid = 2 "
+            "AND k.granted AND k.database = "
+            "(SELECT oid FROM pg_database WHERE datname = current_database()))")
+
+
+def dead_holder_sql(table: str, key: str, holder: str, pg: bool) -> str:
+    """SQL that is true when a row of ``table`` held by a worker is held by a dead one:
+    the worker's lock key kept on the row when it took it (column ``key``) names a lock
+    no longer held, or (:func:`dead_sql`) its registration says so. The key on the row
+    outlives the registration, which another worker's clean stop forgets when the dead
+    worker holds no run's lease (its run taken over), while the row's claim stands."""
+    alive = _held_sql(f"{table}.{key}") if pg else f"saga_alive({table}.{holder})"
+    return (f"(({table}.{key} IS NOT NULL AND NOT {alive}) "
+            f"OR {dead_sql(f'{table}.{holder}', pg)})")
 
 
 def beside(table: str, name: str) -> str:

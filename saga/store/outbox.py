@@ -34,7 +34,7 @@ from typing import Any
 
 from saga.config import Settings
 from saga.errors import InputError, NotificationNotFoundError, Problem
-from saga.store.liveness import LIVE_LOCK, WORKERS_DDL, dead_sql, lock_folder, register_sqlite
+from saga.store.liveness import WORKERS_DDL, dead_holder_sql, lock_folder, register_sqlite
 from saga.store.side_tables import Database, Row
 
 DDL = (
@@ -73,20 +73,6 @@ _DUE = ("SELECT id FROM saga_notifications WHERE status = 'pending' AND next_at 
         "AND (lease_until IS NULL OR lease_until < ? OR {dead}) ORDER BY next_at, id LIMIT ?")
 
 
-def _dead(pg: bool) -> str:
-    """True when a row's lease holder had registered its liveness (its lock key kept on
-    the row when it claimed, or its registration now) and its lock is no longer held."""
-    if pg:
-        alive = ("saga_notifications.leased_key IN (SELECT k.objid::int8 FROM pg_locks AS k "
-                 f"WHERE k.locktype = 'advisory' AND k.classid = {LIVE_LOCK} "
-                 "AND k.objsubid = 2 AND k.granted AND k.database = "
-                 "(SELECT oid FROM pg_database WHERE datname = current_database()))")
-    else:  # one host: the lock is the holder's file (see saga.store.liveness)
-        alive = "saga_alive(saga_notifications.leased_by)"
-    return (f"((saga_notifications.leased_key IS NOT NULL AND NOT {alive}) "
-            f"OR {dead_sql('saga_notifications.leased_by', pg)})")
-
-
 def notification_id(event_id: str, target: str) -> str:
     """The id of the notification of one event to one target: the same wherever and
     however often it is derived."""
@@ -108,7 +94,8 @@ class Outbox:
         """Open a connection to the store's side tables (made on first use)."""
         self._db = Database(settings)
         self._ready = False
-        self._due = _DUE.format(dead=_dead(self._db.pg))
+        self._due = _DUE.format(dead=dead_holder_sql(
+            "saga_notifications", "leased_key", "leased_by", self._db.pg))
 
     def _ensure(self) -> None:
         if not self._ready:

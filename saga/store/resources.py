@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from saga.config import ResourceLimit
-from saga.store.liveness import LIVE_LOCK, WORKERS_DDL, dead_sql, lock_folder, register_sqlite
+from saga.store.liveness import WORKERS_DDL, dead_holder_sql, lock_folder, register_sqlite
 from saga.store.side_tables import Database
 
 RESOURCE_DDL = (
@@ -93,7 +93,8 @@ class ResourceSlots:
             register_sqlite(db.conn, lock_folder(db))
         #: A slot that counts no more: expired (parameter: now), or its worker's process
         #: gone (a worker that never registered, or none, keeps it until it expires).
-        self._lapsed = f"(expires_at < ? OR {_dead(db.pg)})"
+        dead = dead_holder_sql("saga_resource_slots", "worker_key", "worker", db.pg)
+        self._lapsed = f"(expires_at < ? OR {dead})"
         db.create(RESOURCE_DDL + WORKERS_DDL, {"saga_resource_slots": {"worker_key": "BIGINT"}})
 
     def limited(self, names: Sequence[str]) -> list[str]:
@@ -292,20 +293,6 @@ class ResourceSlots:
                                                 float(b["tokens"]) + refill)))
             found.update(runs[:max(0, int(min(free, len(runs))))])
         return found
-
-
-def _dead(pg: bool) -> str:
-    """True when a slot's worker registered its liveness (its lock key kept on the row
-    when it took the slot, or its registration now) and its lock is no longer held."""
-    if pg:
-        alive = ("saga_resource_slots.worker_key IN (SELECT k.objid::int8 FROM pg_locks AS k "
-                 f"WHERE k.locktype = 'advisory' AND k.classid = {LIVE_LOCK} "
-                 "AND k.objsubid = 2 AND k.granted AND k.database = "
-                 "(SELECT oid FROM pg_database WHERE datname = current_database()))")
-    else:  # one host: the lock is the worker's file (see saga.store.liveness)
-        alive = "saga_alive(saga_resource_slots.worker)"
-    return (f"((saga_resource_slots.worker_key IS NOT NULL AND NOT {alive}) "
-            f"OR {dead_sql('saga_resource_slots.worker', pg)})")
 
 
 def _key(name: str) -> int:
