@@ -500,11 +500,10 @@ TARGETED: dict[str, dict[str, Any]] = {
                          _a("s4", fail_times=9)], [[0.3, "kill"], [0.8, "read"]], 109,
                         form="graph"),
     # issue 40: migrations (safe and not) while a worker holds the run and after a kill,
-    # labels, a reset mid-run and one once the run ended (no call is long here: a label or
-    # a migration landing while a call is in flight makes the live worker call it again,
-    # an open bug the long mode finds; see revisions_ops)
-    "revisions": _case([_a("s0"), _a("s1"), _a("s2", confirm="approve"),
-                        _a("s3", undo="own"), _a("s4", undo="none"), _a("s5")],
+    # labels, a reset mid-run and one once the run ended; calls in flight as they land
+    # (a live worker takes a label or a migration in, and calls nothing twice: 8de91e3)
+    "revisions": _case([_a("s0"), _a("s1", slow=0.4), _a("s2", confirm="approve"),
+                        _a("s3", undo="own", slow=0.3), _a("s4", undo="none"), _a("s5")],
                        [[0.2, "migrate:change"], [0.5, "migrate:change_started"],
                         [0.8, "reset"], [1.0, "migrate:race"], [1.2, "label"],
                         [9.0, "reset"]], 112, answer_delay=2.5),
