@@ -89,13 +89,11 @@ def worker(concurrency: int, until_idle: bool, worker_id: str | None,
         signal.signal(signal.SIGINT, on_signal)
     note(f"worker {w.worker_id} on {saga.settings.store_description}"
          + (f" ({served.describe()})" if pools else ""))
-    notifier = saga.notifier(w.worker_id).start()  # webhooks, on a thread of its own
-    try:
-        driven = w.run(until_idle=until_idle, stop=lambda: bool(stopping))
+    try:  # webhooks, on a thread of their own, while the worker's liveness lock is held
+        driven = w.run(until_idle=until_idle, stop=lambda: bool(stopping),
+                       alongside=saga.notifier(w.worker_id))
     except KeyboardInterrupt:
         driven = w.driven
-    finally:
-        notifier.stop(drain=until_idle)
     note(f"worker {w.worker_id} stopped after {driven} drives")
     if as_json:
         _emit_json({"worker": w.worker_id, "store": saga.settings.store_description,

@@ -172,11 +172,8 @@ class Service:
                     loop = saga.worker_loop(concurrency=self.concurrency,
                                             poll_interval=self.poll,
                                             lease_seconds=self.settings.lease_seconds)
-                    notifier = saga.notifier(loop.worker_id).start()  # webhooks
-                    try:
-                        loop.run(stop=self._stop.is_set)
-                    finally:
-                        notifier.stop()
+                    loop.run(stop=self._stop.is_set,  # webhooks beside it
+                             alongside=saga.notifier(loop.worker_id))
             except Exception:  # the store went away: look again shortly
                 log.exception("the service's worker stopped; starting it again")
                 self._stop.wait(2.0)

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from itertools import islice
-from typing import Any
+from typing import Any, Protocol
 
 from saga.config import QueueLimit
 from saga.domain import Run
@@ -49,6 +49,14 @@ __all__ = ["CLAIM_ROUNDS", "HELD_RECHECK", "LACKING_RECHECK", "LOOK_AHEAD", "WOR
            "RunIndex", "Worker"]
 
 log = logging.getLogger("saga.worker")
+
+
+class Companion(Protocol):
+    """What works beside a worker for as long as it runs (the notifier)."""
+
+    def start(self) -> Any: ...
+
+    def stop(self, *, drain: bool = False) -> None: ...
 
 #: The longest wait a worker's drive waits out in process (seconds): a longer timer,
 #: retry backoff or signal timeout releases the run, and any worker takes it up when due.
@@ -139,20 +147,30 @@ class Worker:
         #: held off until one may be theirs (see saga.worker.resources).
         self.resources: ResourceWaits | None = None
 
-    def run(self, *, until_idle: bool = False, stop: Callable[[], bool] | None = None) -> int:
+    def run(self, *, until_idle: bool = False, stop: Callable[[], bool] | None = None,
+            alongside: Companion | None = None) -> int:
         """Work until ``stop()`` says so (or, with ``until_idle``, nothing is runnable);
         returns how many drives ended.
 
         Once ``stop()`` is true the worker claims nothing more, and its drives finish the
         calls they have in flight, record them and end (see
-        :class:`saga.executor.drive.Drive`); :meth:`halt` cuts that short."""
+        :class:`saga.executor.drive.Drive`); :meth:`halt` cuts that short.
+
+        ``alongside`` (the notifier) works beside it while this worker's liveness lock
+        is held: started once the lock is, so what it claims carries the lock's key and is
+        taken back at once if this process dies; stopped before the lock goes, so no
+        other worker takes back what it still has in flight."""
         self.liveness.start(self.lease_seconds)  # a process with this id must be gone
+        if alongside is not None:
+            alongside.start()
         try:
             return asyncio.run(self._run(until_idle, stop or (lambda: False)))
         except asyncio.CancelledError:  # halted
             return self.driven
         finally:
             self._running = None
+            if alongside is not None:
+                alongside.stop(drain=until_idle)
             self.threads.close()
             self.liveness.stop()
 
