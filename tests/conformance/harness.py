@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -223,10 +223,32 @@ class Simulation:
                 self.trace.restarts += 1
         elif name == "read":
             self.read_everything()
+        elif name.startswith("deploy:"):  # deploy:STEP, then its follow-ups
+            self.deploy(*name.split(":")[1:], now=now)
         elif name.partition(":")[0] in revisions_ops.OPS:
             self.rev.op(name, now)
         else:
             raise ValueError(name)
+
+    def deploy(self, step: str, left: str = "3", until: str = "", *, now: float) -> None:
+        """A rolling deploy (break 6): while ``step`` runs, the worker driving it is killed,
+        ``left`` times over, each time once its attempt has run a while (its worker lived
+        past the attempt's start and renewed its lease: the run did not cause its death,
+        and must not be blamed or quarantined for it)."""
+        end = float(until) if until else now + 30.0
+        run = self.saga.get(self.trace.run_id) if self.saga is not None else None
+        if run is None or run.is_finished or now > end:
+            return
+        state = run.steps.get(step) or {}
+        started = state.get("attempt_started_at")
+        count = int(left)
+        if state.get("status") == "running" and started and self.holder() is not None \
+                and (datetime.now(UTC) - datetime.fromisoformat(started)).total_seconds() \
+                >= 0.7 * self.lease:
+            self.op("kill", now)
+            count -= 1
+        if count:
+            self.later.append((now + 0.05, "op", f"deploy:{step}:{count}:{end}"))
 
     def answer(self, *args: str) -> bool:
         """A person's or a system's answer (approve, reject, signal); False to try again.

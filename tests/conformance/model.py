@@ -480,11 +480,13 @@ TARGETED: dict[str, dict[str, Any]] = {
                                    [[0.6, "resume_notools"], [0.8, "outage"],
                                     [1.6, "resume_notools"], [2.0, "worker_notools"],
                                     [2.5, "resume_notools"]], 105, answer_delay=1.2),
-    # break 6: worker churn over a healthy chain with a child and compensations
+    # break 6: worker churn over a healthy chain with a child and compensations, then a
+    # rolling deploy: the driver of a long step killed three times, each past a renewal
     "churn": _case([*[_a(f"s{i}", slow=0.1) for i in range(8)],
                     {"id": "s8", "kind": "use", "child_steps": 2, "child_sleep": 0.5,
-                     "child_fails": False}, _a("s9", slow=0.2)],
-                   [[0.3, "churn"], [2.0, "churn"], [4.0, "churn"]], 106, workers=2),
+                     "child_fails": False}, _a("s9", slow=0.2), _a("s10", slow=1.5)],
+                   [[0.3, "churn"], [0.5, "deploy:s10"], [2.0, "churn"], [4.0, "churn"]],
+                   106, workers=2),
     # break 8c: a cancel while a call is in flight in a live worker
     "cancel_in_flight": _case([_a("s0"), _a("s1", slow=1.0)], [[0.5, "cancel"]], 108),
     # a new break: saga resume beside the live worker, during a step's retries
