@@ -19,7 +19,7 @@ from saga import secrets
 from saga.composition import Plan
 from saga.domain import Run
 from saga.domain.revisions import key_of
-from saga.errors import ToolError
+from saga.errors import LeaseLostError, ToolError
 from saga.executor import calls, heartbeats, outputs, resources
 from saga.executor.calls import Outcome
 from saga.scheduler import CompensateStep, RunRemedy, StartStep
@@ -140,6 +140,8 @@ class ToolCalls:
                                            suffix=f":heal{action.index}")
             calls.check_json(output)
             output = outputs.drop(output)
+        except LeaseLostError:
+            raise  # nothing was called: the drive gives the run up
         except Exception as e:
             return calls.failure("remedy", action.step_id, action.iteration, action.index, e, None,
                             started)
@@ -184,13 +186,25 @@ class ToolCalls:
                 message = "invalid parameters: " + "; ".join(problems)
                 raise ToolError(secrets.conceal(message, values),
                                 error_type="InvalidParameters", retryable=False)
-        is_async = inspect.iscoroutinefunction(func)
-        call = func(params, ctx) if is_async else self._in_thread(func, params, ctx)
+        # The lease is checked here and nowhere later: immediately before the tool runs
+        # (in its thread, for a blocking one), so a worker stopped anywhere before (after
+        # its StepStarted, in a slot's wait, in the tool threads' queue) and continued
+        # past its lease calls nothing once another took the run (break 7).
+        if inspect.iscoroutinefunction(func):
+            lease = self.lease
+            if lease is not None and not lease.fresh(lease.renew_every):  # a round trip
+                await asyncio.get_running_loop().run_in_executor(None, fence, lease, run_id)
+            fence(lease, run_id)  # fresh now, or renewed just before: no round trip
+            call = func(params, ctx)
+        else:
+            call = self._in_thread(_fenced, self.lease, run_id, func, params, ctx)
         step = self.plan.steps.get(action.step_id) if step_call else None
         if step is not None and step.heartbeat_timeout is not None and ctx.on_heartbeat:
             call = heartbeats.watched(call, ctx.on_heartbeat, step)
         try:
             result = await asyncio.wait_for(call, timeout) if timeout else await call
+        except LeaseLostError:
+            raise  # not the tool's failure: the drive gives the run up (see fence)
         except (ToolError, TimeoutError):
             if not values:
                 raise
@@ -224,6 +238,24 @@ class ToolCalls:
             raise
         finally:
             self.in_threads.pop(task, None)
+
+
+def fence(lease: LeaseLike | None, run_id: str) -> None:
+    """Raise LeaseLostError unless this worker surely holds ``run_id``'s lease: fresh by
+    this process's clock for another renewal period (no round trip), or renewed now (a
+    stopped or slow worker's); a renewal fails once another worker took the run. Called
+    immediately before every tool call (DESIGN promise 8)."""
+    if lease is None or lease.fresh(lease.renew_every):
+        return
+    if not lease.renew():
+        raise LeaseLostError(run_id)
+
+
+def _fenced(lease: LeaseLike | None, run_id: str, func: Callable[..., Any],
+            *args: Any) -> Any:
+    """``func(*args)`` in its tool thread, the lease checked first (see :func:`fence`)."""
+    fence(lease, run_id)
+    return func(*args)
 
 
 def _answering(loop: asyncio.AbstractEventLoop, answer: asyncio.Future[Any],

@@ -21,7 +21,7 @@ from saga import expressions, secrets
 from saga.chain import json_safe
 from saga.composition import Plan
 from saga.composition.definition import RetryPolicy, Step
-from saga.errors import ExpressionError, ToolError
+from saga.errors import ExpressionError, LeaseLostError, ToolError
 from saga.lazy import lazy
 from saga.tools import ToolContext
 
@@ -183,6 +183,8 @@ def outcome_of(task: asyncio.Task[Outcome], kind: str, step_id: str, iteration: 
     of that attempt, never an exception that leaves the attempt running forever."""
     try:
         return task.result()
+    except LeaseLostError:
+        raise  # another worker took the run before the call (calling.fence): stop
     except Exception as e:
         return Outcome(kind, step_id, iteration, number, ok=False, error_type=type(e).__name__,
                        message=f"unexpected error: {e}", retryable=False)

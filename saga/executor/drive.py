@@ -187,7 +187,7 @@ class Drive(ToolCalls):
                 raise
             if launches and self.lease is not None \
                     and not self.lease.fresh(self.lease.renew_every):
-                await self._fence()  # a start recorded, never called: interrupted
+                await self._fence()  # early; each tool call: again as it runs (calling.fence)
             for launch in launches:
                 self._launch(*launch)
             if draining or self.run.paused:
@@ -554,6 +554,8 @@ class Drive(ToolCalls):
             calls.check_expectation(step, output)
             output = await outputs.keep(self, step, action, output)
             outputs.remember(self, step, action, output)
+        except LeaseLostError:
+            raise  # nothing was called (calling.fence): the drive gives the run up
         except Exception as e:
             return calls.failure("step", action.step_id, action.iteration, action.attempt, e,
                             step.timeout_seconds, started)
@@ -587,6 +589,8 @@ class Drive(ToolCalls):
                                                suffix=":compensate")
             calls.check_json(output)
             output = outputs.drop(output, step.secret_outputs)
+        except LeaseLostError:
+            raise  # nothing was called (calling.fence): the drive gives the run up
         except Exception as e:
             return calls.failure("compensation", action.step_id, action.iteration, 1, e, timeout,
                             started)
