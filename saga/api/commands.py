@@ -5,6 +5,7 @@ event, reloading on a concurrent write, and some then drive the run."""
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -43,6 +44,10 @@ class RunCommands:
 
     # Provided by the Saga these commands belong to.
     settings: Settings
+
+    #: How long (seconds) a command keeps trying to land on a run other writers keep
+    #: appending to before it gives up (ConcurrentWriteError, exit code 5).
+    append_patience: float = 5.0
 
     if TYPE_CHECKING:
         @property
@@ -180,10 +185,17 @@ class RunCommands:
     def _append(self, run_id: str, record: Any, run: Run | None = None) -> Run:
         """Append a command's event, reloading on a concurrent write (a worker recorded a
         step meanwhile: ``record`` checks the command still applies to the run as it is
-        now, and records it again); drive nothing. ``run``: as the caller read it."""
-        for attempt in range(6):
-            if attempt:  # a busy run: let the writer that came first finish its burst
-                time.sleep(0.01 * 2 ** attempt)
+        now, and records it again); drive nothing. ``run``: as the caller read it.
+
+        Tried again for :attr:`append_patience` seconds, not a number of times: a busy
+        run's driver may append every few milliseconds, and on a loaded machine a fixed
+        count of read-then-append tries can all lose; an operator's command must not be
+        given up because the run is busy (the driver takes it in once it lands:
+        saga.executor.incoming). The waits between tries are short and jittered, so a
+        command does not fall into step with the driver's appends."""
+        deadline = time.monotonic() + self.append_patience
+        backoff = 0.005
+        while True:
             if run is None:
                 run = self.get(run_id)
             _refuse_redacted(run)
@@ -195,7 +207,10 @@ class RunCommands:
                 return run
             except ConcurrentWriteError:
                 run = None
-        raise ConcurrentWriteError(run_id)
+                if time.monotonic() >= deadline:
+                    raise
+            time.sleep(random.uniform(backoff / 2, backoff))
+            backoff = min(backoff * 2, 0.1)
 
     def _command(self, run_id: str, record: Any, on_events: EventHook | None) -> Run:
         """Append a command's event (reloading on a concurrent write), then drive the run
