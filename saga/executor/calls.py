@@ -190,6 +190,14 @@ def outcome_of(task: asyncio.Task[Outcome], kind: str, step_id: str, iteration: 
                        message=f"unexpected error: {e}", retryable=False)
 
 
+def quiet(future: asyncio.Future[Any]) -> asyncio.Future[Any]:
+    """``future``, its error taken once it ends: a call given up on that ends in error
+    in its thread (fenced off, say) has been dealt with, and asyncio would log it as
+    never retrieved."""
+    future.add_done_callback(lambda f: f.cancelled() or f.exception())
+    return future
+
+
 async def returned(thread: Future[Any]) -> None:
     """Wait until a call in a tool thread has returned (or raised)."""
     with contextlib.suppress(Exception):

@@ -160,8 +160,8 @@ class Drive(ToolCalls):
             raise
         finally:
             for task in [*self.tasks, keeper, stop, self.alive]:
-                if task is not None:
-                    task.cancel()
+                if task is not None and not task.cancel() and not task.cancelled():
+                    task.exception()  # done: a call fenced off too (asyncio would log it)
             resources.close(self)  # slots not used go; a run still waiting is let go
             if self.watched:
                 incoming.unwatch(self)
@@ -228,7 +228,7 @@ class Drive(ToolCalls):
         (or another worker holds the lease, or the store cannot be reached)."""
         assert self.lease is not None
         loop = asyncio.get_running_loop()
-        pending = {asyncio.wrap_future(f) for f in self.x.calls_running()}
+        pending = {calls.quiet(asyncio.wrap_future(f)) for f in self.x.calls_running()}
         log.warning("run %s: waiting for %d call(s) still running before giving up its "
                     "lease", self.run.run_id, len(pending))
         while pending:
