@@ -46,6 +46,10 @@ class ToolCalls:
     #: The heartbeats of its attempts that beat, until recorded (executor.heartbeats); a
     #: class default, not the instance's __dict__, which reading would slow every attribute.
     beating: dict[tuple[str, int, int], Any] | None = None
+    #: Its resource slots, made on first use (executor.resources), and the run's version
+    #: when it first left a step to another pool (executor.pools): class defaults too.
+    resource_slots: Any = None
+    pool_start: int | None = None
 
     if TYPE_CHECKING:
         async def _renew_soon(self) -> None: ...

@@ -90,7 +90,8 @@ def elsewhere(drive: Drive, step_id: str) -> bool:
     served = drive.x.pools
     if served is None or drive.lease is None:
         return False
-    drive.__dict__.setdefault("pool_start", drive.saved)  # see hand_over
+    if drive.pool_start is None:  # see hand_over
+        drive.pool_start = drive.saved
     return not served.serves(pool_of(drive.plan, step_id))
 
 
@@ -111,7 +112,7 @@ async def hand_over(drive: Drive) -> bool:
     waiting = [need for need in needs(drive.plan, decide(drive.plan, run))
                if not served.serves(need.pool)]
     new = [need for need in waiting if not any(matches(need, w) for w in recorded)]
-    if not new and run.version == drive.__dict__.get("pool_start"):
+    if not new and run.version == drive.pool_start:
         # Recorded already, yet this drive did nothing: news since (a signal, a label, a
         # takeover) made the workers' indexes forget the waits (saga.worker.pools), and
         # a worker of none of their pools claimed the run. Said again, so that it does

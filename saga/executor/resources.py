@@ -175,12 +175,12 @@ class DriveSlots:
 
 def _slots(drive: Any) -> DriveSlots | None:
     """The drive's slots (made on first use), or None when nothing is limited."""
-    found: DriveSlots | None = drive.__dict__.get("_slots")
+    found: DriveSlots | None = drive.resource_slots
     if found is None:
         store: ResourceSlots | None = getattr(drive.x, "resources", None)
         if store is None or not store.limits:
             return None
-        found = drive.__dict__["_slots"] = DriveSlots(drive, store)
+        found = drive.resource_slots = DriveSlots(drive, store)
     return found
 
 
@@ -206,7 +206,7 @@ def may_start(drive: Drive, action: StartStep) -> bool:
 async def admit(drive: Drive) -> list[tuple[str, Any]]:
     """Ask for the slots of the starts this turn left wanting; the launches of those
     granted (decided again, now started) and the wakes to ask again for the others."""
-    slots: DriveSlots | None = drive.__dict__.get("_slots")
+    slots: DriveSlots | None = drive.resource_slots
     if slots is None or not slots.wanted:
         return []
     return await slots.admit()
@@ -215,7 +215,7 @@ async def admit(drive: Drive) -> list[tuple[str, Any]]:
 async def holding(calls: ToolCalls, action: StartStep,
                   call: Coroutine[Any, Any, Outcome]) -> Outcome:
     """Make a step's call, then give its slots up (at once: the next waiter may start)."""
-    slots: DriveSlots | None = calls.__dict__.get("_slots")
+    slots: DriveSlots | None = calls.resource_slots
     ident = (action.step_id, action.iteration, action.attempt)
     if slots is None or ident not in slots.held:
         return await call
@@ -238,6 +238,6 @@ async def holding(calls: ToolCalls, action: StartStep,
 
 def close(drive: Drive) -> None:
     """The drive ends (see :meth:`DriveSlots.close`)."""
-    slots: DriveSlots | None = drive.__dict__.get("_slots")
+    slots: DriveSlots | None = drive.resource_slots
     if slots is not None:
         slots.close()
