@@ -33,6 +33,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from eventsourcing.persistence import OperationalError
+
 from saga.composition.notify import NotifyTarget, definition_targets, url_problem
 from saga.composition.notify_config import NotifySettings, config_targets, notify_settings
 from saga.config import Settings
@@ -238,7 +240,9 @@ class Notifier:
             try:
                 derived, sent = self.round()
                 failures = 0
-            except StoreUnavailableError as e:
+            except (StoreUnavailableError, OperationalError) as e:
+                # the store went away (or dropped this connection): as for a drive, one
+                # line, and the next round reconnects
                 failures += 1
                 if failures == 1:
                     log.warning("notifications: %s; retrying with backoff", e)
