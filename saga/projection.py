@@ -180,6 +180,9 @@ class _Fold:
             case "RunRetried":
                 # The run is live again: its last outcome no longer describes it.
                 run.update(finished_at=None, duration_ms=None, failed_step=None, error=None)
+                for key in getattr(e, "asked_again", ()):  # a rejected step is asked again
+                    self.step(run_id, key, 0).update(status="pending", finished_at=None,
+                                                     error=None)
             case "RunCancelled":
                 self._finish(run, ts, {"type": "cancelled", "message": e.reason or "cancelled"})
             case "DefinitionMigrated":
@@ -195,6 +198,9 @@ class _Fold:
                 run["labels"] = _json(labels)
             case "RunReset":
                 run.update(finished_at=None, duration_ms=None, failed_step=None, error=None)
+                for key in getattr(e, "asked_again", ()):  # a rejected step is asked again
+                    self.step(run_id, key, 0).update(status="pending", finished_at=None,
+                                                     error=None)
             case "StepsReopened":
                 for key in e.steps:  # as never started (the Run fold drops them)
                     step_id, _, rest = key.partition("[")

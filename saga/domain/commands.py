@@ -100,9 +100,12 @@ class RunCommands:
     def retry(self, actor: str, steps: list[str], reopened: list[str] | None = None,
               reason: str | None = None) -> None:
         """Record a redrive of the given failed (and upstream-skipped) steps, reopening the
-        loop steps whose iterations those are."""
+        loop steps whose iterations those are. A step a person (or a confirmation's
+        default) rejected is asked again: a redrive never overrides a rejection."""
+        approvals: dict[str, dict[str, Any]] = getattr(self, "approvals", {})
+        asked = [k for k in steps if approvals.get(k, {}).get("status") == "rejected"]
         self.trigger_event(self.RunRetried, actor=actor, steps=steps,
-                           reopened=list(reopened or []), reason=reason)
+                           reopened=list(reopened or []), reason=reason, asked_again=asked)
 
     def compensated(self, step_id: str, iteration: int, output: Any) -> None:
         """Record a successful compensation."""

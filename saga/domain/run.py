@@ -465,6 +465,9 @@ class Run(RunCommands, StepStates, Aggregate):
         steps: list[str]
         reopened: list[str] = dataclasses.field(default_factory=list)
         reason: str | None = None
+        #: steps failed by a rejected approval: their decision is dropped and they wait
+        #: for a new one (none in histories written before this field)
+        asked_again: list[str] = dataclasses.field(default_factory=list)
 
         def changed(self) -> list[str]:
             return [*self.reopened, *self.steps]
@@ -473,9 +476,13 @@ class Run(RunCommands, StepStates, Aggregate):
             for key in self.reopened:  # a loop step whose failed iterations get retried
                 aggregate.steps[key].update(status="running", error=None, retry_at=None,
                                             finished_at=None)
+            for key in self.asked_again:
+                aggregate.approvals.pop(key, None)
             for key in self.steps:
                 s = aggregate.steps[key]
-                if s["status"] == "failed":
+                if key in self.asked_again:
+                    s.update(status="pending", error=None, retry_at=None, finished_at=None)
+                elif s["status"] == "failed":
                     s.update(retry_at=iso(self.timestamp), retryable=True)
                 else:  # skipped because something upstream failed: decide again
                     s.update(status="pending", reason=None)

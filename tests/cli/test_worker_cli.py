@@ -62,7 +62,7 @@ steps:
     history = json.loads(saga(["history", run_id, "--json"], tmp_path).stdout)
     retry_event = next(e for e in history if e["type"] == "RunRetried")
     assert retry_event["payload"] == {"actor": "ops", "steps": ["shaky"], "reopened": [],
-                                      "reason": None}
+                                      "reason": None, "asked_again": []}
     made = [e for e in history if e["type"] == "StepStarted" and e["step_id"] == "made"]
     assert len(made) == 1  # completed work was kept
     assert saga(["replay", run_id, "--verify"], tmp_path).returncode == 0
