@@ -462,7 +462,7 @@ def _oracle(case: dict[str, Any], status: dict[str, Any], h: list[dict[str, Any]
     interrupted = {e["step_id"] for e in h if e["type"] == "StepFailed"
                    and e["payload"].get("error_type") in ("Interrupted", "Quarantined")}
     exp = model.expect(case, cancelled=trace.cancelled, interrupted=interrupted,
-                       redrives=trace.redrives)
+                       redrives=trace.redrives, turns=bool(resources_ops.limited(case)))
     bad = []
     quarantined = any(e["type"] == "StepFailed"
                       and e["payload"].get("error_type") == "Quarantined" for e in h)

@@ -44,7 +44,9 @@ must happen:
 - a step whose attempt the log records as ``Interrupted`` (its worker died, or was
   stopped past its lease) may end completed or failed (an interrupted attempt uses an
   attempt of its budget), and everything after it follows either way;
-- members of a parallel group complete in any order.
+- members of a parallel group complete in any order; when a resource limit makes them
+  take turns (``turns``), a member still waiting for its slot when another failed is
+  never started (``fail_fast`` starts nothing new): it may stay ``pending``.
 
 Pause/unpause, reads, kills, zombies, workers without the tools module and
 ``saga resume`` change no outcome: the oracle ignores them (that is the promise). Nor do
@@ -150,9 +152,10 @@ def _units(case: dict[str, Any]) -> list[list[dict[str, Any]]]:
 
 
 def expect(case: dict[str, Any], *, cancelled: bool = False, interrupted: set[str] | None = None,
-           redrives: int = 0) -> Expected:
+           redrives: int = 0, turns: bool = False) -> Expected:
     """The allowed outcomes of a case, given what the driver did (an accepted cancel,
-    redrives by ``saga retry``) and the step attempts the log records as interrupted."""
+    redrives by ``saga retry``) and the step attempts the log records as interrupted.
+    ``turns``: a resource limit makes a parallel group's members take turns."""
     interrupted = interrupted or set()
     if cancelled:
         return Expected({"cancelled"})
@@ -195,6 +198,10 @@ def expect(case: dict[str, Any], *, cancelled: bool = False, interrupted: set[st
             for s in unit:
                 if steps[s["id"]] == {"completed"} and s.get("fail_times"):
                     steps[s["id"]] = {"completed", "failed", "compensated"}
+                    uncertain = True
+                elif steps[s["id"]] == {"completed"} and turns:
+                    # taking turns for a slot, it may not have started yet
+                    steps[s["id"]] = {"completed", "compensated", "pending"}
                     uncertain = True
         failed = stop
     if uncertain:

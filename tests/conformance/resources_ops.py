@@ -8,8 +8,9 @@ parallel group's member, every loop and about half the other top-level tool step
 turns). The tools' ledger
 (:mod:`tests.conformance.tools`) has each call's start (``call``) and end (``end``, also
 when the tool raised). Kills, zombies, outages and restarts go on as in any case, and the
-other invariants hold as for any case (limits change no outcome: the oracle ignores
-them). On top of them:
+other invariants hold as for any case (a limit changes no outcome, but for one: a group's
+member still waiting for its slot when another failed never starts, which the oracle
+allows). On top of them:
 
 - **at most N at once**: at no instant do more than N calls of the limited steps run,
   counting each call from its start to its end, except:

@@ -113,3 +113,12 @@ def test_the_oracle_on_hand_made_cases() -> None:
     rejected = {"steps": [act("a"), act("b", confirm="reject")], "rollback": True}
     assert model.expect(rejected).undo == ["a"]
     assert model.expect(rejected, cancelled=True).statuses == {"cancelled"}
+    # a rejection stands through a redrive: saga retry asks the person again
+    kept_rejected = {"steps": [act("a"), act("b", confirm="reject")], "rollback": False}
+    assert model.expect(kept_rejected, redrives=1).statuses == {"failed"}
+    group = {"steps": [act("a"), act("b", group="g", fail_times=1), act("c", group="g")],
+             "rollback": True}
+    assert model.expect(group).steps["c"] == {"compensated"}
+    # taking turns for a resource's slot, c may never start once b failed
+    # (its fate, and so what is undone, is then read from the log)
+    assert "c" not in model.expect(group, turns=True).steps
