@@ -156,7 +156,7 @@ class RunCommands:
 
     def time_out(self) -> None:
         """Record that the run's deadline passed."""
-        self.trigger_event(self.RunTimedOut, deadline=self.deadline or "")
+        self.trigger_event(self.RunTimedOut, deadline=self.deadline or "", undo_cut=True)
 
     @property
     def run_id(self) -> str:  # pragma: no cover - the aggregate's own property wins

@@ -62,6 +62,7 @@ class Run(RunCommands, StepStates, Aggregate):
     takeovers = 0  # attempts a dead worker left behind, over the run's life
     suspect = False  # taken over since a step last completed: driven alone
     timed_out: str | None = None
+    deadline_undoes_cut = False  # (see RunTimedOut.undo_cut)
 
     class Event(Aggregate.Event):
         """Base of every run event: the audit chain fields, then the payload."""

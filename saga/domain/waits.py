@@ -58,9 +58,13 @@ class RunTimedOut(Run.Event):
 
     TOPIC = "saga.RunTimedOut"
     deadline: str
+    #: the rollback also undoes the calls the deadline cut short (they may have acted);
+    #: false in histories recorded before, which replay as they were decided
+    undo_cut: bool = False
 
     def apply(self, aggregate: Any) -> None:
         aggregate.timed_out = self.deadline
+        aggregate.deadline_undoes_cut = self.undo_cut
 
 
 EVENTS = (StepWaiting, SignalReceived, RunTimedOut)

@@ -34,6 +34,7 @@ from saga.scheduler.actions import (
 )
 from saga.scheduler.policy import (
     compensation_order,
+    cut_call,
     heal_decision,
     interrupted,
     is_loop_parent,
@@ -115,6 +116,11 @@ def _timed_out(plan: Plan, run: Run) -> list[Action]:
         return []
     reason = f"the run's deadline {run.timed_out} passed"
     order = compensation_order(plan, run)
+    if run.deadline_undoes_cut:  # the calls it cut short may have acted: undone first
+        cut = [key for key, s in run.steps.items() if cut_call(plan, s)
+               and (s.get("error") or {}).get("type") == "RunTimeout"
+               and plan.step(s["step_id"]).compensation is not None]
+        order = [*reversed(cut), *order]
     if order:
         return [StartCompensation(reason, order)]
     return [FinishRun("failed", None, {"type": "RunTimeout", "message": reason})]

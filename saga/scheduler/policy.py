@@ -147,9 +147,9 @@ def maybe_done(plan: Plan, state: StepState | dict[str, Any]) -> bool:
         and plan.step(state["step_id"]).compensation is not None
 
 
-#: The failures of an attempt a cancel (or a requested compensation) cut short while it
-#: ran (or, for a sleep or a signal wait, while it waited).
-CANCELLED = frozenset({"RunCancelled", "RunCompensating"})
+#: The failures of an attempt a cancel (or a requested compensation) or the run's deadline
+#: cut short while it ran (or, for a sleep or a signal wait, while it waited).
+CANCELLED = frozenset({"RunCancelled", "RunCompensating", "RunTimeout"})
 
 
 def cut_call(plan: Plan, state: StepState | dict[str, Any]) -> bool:

@@ -323,8 +323,8 @@ def _undo_exact(run_id: str, h: list[dict[str, Any]], status: dict[str, Any],
             order.append(_key(e))
         if e is starts[0]:
             break
-    interrupted = {_key(e) for e in h if e["type"] == "StepFailed"
-                   and e["payload"].get("error_type") == "Interrupted"}
+    interrupted = {_key(e) for e in h if e["type"] == "StepFailed"  # a deadline's cut too
+                   and e["payload"].get("error_type") in ("Interrupted", "RunTimeout")}
     interrupted |= _in_flight(h, starts[0])
     named = starts[0]["payload"]["steps"]
     want = [k for k in reversed(order) if undoable(k)]
