@@ -328,8 +328,9 @@ def _undo_exact(run_id: str, h: list[dict[str, Any]], status: dict[str, Any],
     interrupted |= _in_flight(h, starts[0])
     named = starts[0]["payload"]["steps"]
     want = [k for k in reversed(order) if undoable(k)]
-    # an attempt cut short by a worker's death may have acted: if its tool was called
-    # and the step never completed, it counts as done for undo (promise 5)
+    # an attempt cut short by a worker's death (or the run's deadline) may have acted: if
+    # its tool was called and the step never completed, it counts as done for undo
+    # (promise 5)
     last: dict[str, dict[str, Any]] = {}
     for e in h:
         if e["type"] in ("StepCompleted", "StepFailed") and e is not starts[0]:
@@ -339,7 +340,8 @@ def _undo_exact(run_id: str, h: list[dict[str, Any]], status: dict[str, Any],
     called = {(c["key"], c["attempt"]) for c in ledger if c["kind"] == "call"}
     for k, e in last.items():
         p = e["payload"]
-        if (e["type"] == "StepFailed" and p.get("error_type") in ("Interrupted", "Quarantined")
+        if (e["type"] == "StepFailed"
+                and p.get("error_type") in ("Interrupted", "Quarantined", "RunTimeout")
                 and undoable(k) and k not in named
                 and (f"{run_id}:{e['step_id']}:{p['iteration']}", p["attempt"]) in called):
             bad.append(f"undo-exact: {run_id} step {k}'s attempt {p['attempt']} called its "

@@ -504,6 +504,10 @@ TARGETED: dict[str, dict[str, Any]] = {
                                        "child_sleep": 6, "child_fails": False},
                             {"id": "s2", "kind": "signal", "early": False, "never": True}],
                            [[0.5, "read"]], 110, timeout=2.5),
+    # the run's deadline cuts two calls short: the one with its tool's own undo is undone
+    # once it returns, the one whose compensate reads its output is named not undone
+    "timeout_cut": _case([_a("s0"), _a("s1", undo="own", slow=2.0, group="g"),
+                          _a("s2", slow=2.0, group="g")], [[0.5, "read"]], 113, timeout=1.0),
     # the graph form: a chain of task nodes, the last failing, compensated in reverse
     "graph_undo": _case([_a("s0"), _a("s1", undo="none"), _a("s2", undo="own"), _a("s3"),
                          _a("s4", fail_times=9)], [[0.3, "kill"], [0.8, "read"]], 109,
