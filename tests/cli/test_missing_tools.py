@@ -78,6 +78,15 @@ class Cli:
         events: list[dict[str, Any]] = json.loads(done.stdout)
         return events
 
+    def start(self, text: str, *, tools: str = "opstools") -> str:
+        """Write a composition, run it with ``--tools TOOLS`` (exit 0 or 1), its run id."""
+        flow = self.where / "flow.yaml"
+        flow.write_text(text)
+        ran = self("run", str(flow), "--tools", tools, "--json")
+        assert ran.returncode in (0, 1), ran.stderr
+        run_id: str = json.loads(ran.stdout)["run_id"]
+        return run_id
+
     def called(self) -> list[str]:
         return self.calls.read_text().split() if self.calls.exists() else []
 

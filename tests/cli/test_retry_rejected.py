@@ -28,11 +28,7 @@ steps:
 def test_retry_of_a_rejected_step_asks_again_and_runs_only_once_approved(
         settings: Settings, tmp_path: Path) -> None:
     cli = Cli(settings, tmp_path)
-    flow = tmp_path / "gated.yaml"
-    flow.write_text(GATED)
-    ran = cli("run", str(flow), "--tools", "opstools", "--json")
-    assert ran.returncode == 0, ran.stderr
-    run_id = json.loads(ran.stdout)["run_id"]
+    run_id = cli.start(GATED)
     rejected = cli("reject", run_id, "gate")
     assert rejected.returncode == 0, rejected.stderr
     cli("resume", run_id, "--tools", "opstools")  # drives it: it fails (exit 1)

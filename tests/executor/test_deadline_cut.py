@@ -61,10 +61,7 @@ def test_a_call_the_deadline_cuts_short_is_undone_or_named_not_undone(
         settings: Settings, tmp_path: Path) -> None:
     cli = Cli(settings, tmp_path)
     (tmp_path / "dlmod.py").write_text(TOOLS)
-    flow = tmp_path / "flow.yaml"
-    flow.write_text(FLOW)
-    ran = cli("run", str(flow), "--tools", "dlmod", "--json")
-    run_id = json.loads(ran.stdout)["run_id"]
+    run_id = cli.start(FLOW, tools="dlmod")
 
     status = json.loads(cli("status", run_id, "--json").stdout)
     assert status["status"] == "compensated", status
