@@ -119,6 +119,7 @@ def _timed_out(plan: Plan, run: Run) -> list[Action]:
     if run.deadline_undoes_cut:  # the calls it cut short may have acted: undone first
         cut = [key for key, s in run.steps.items() if cut_call(plan, s)
                and (s.get("error") or {}).get("type") == "RunTimeout"
+               and not is_loop_parent(plan, s)
                and plan.step(s["step_id"]).compensation is not None]
         order = [*reversed(cut), *order]
     if order:
