@@ -488,6 +488,13 @@ def _oracle(case: dict[str, Any], status: dict[str, Any], h: list[dict[str, Any]
             bad.append(f"oracle: the compensation of {key} failed ({error}), but its undo "
                        "cannot fail: an interrupted step's undo that needs the output it "
                        "never recorded is named not undone, not a failed compensation")
+    resets_undid = {_base(k) for e in h if e["type"] == "RunReset" for k in e["payload"]["undo"]}
+    broken = (status.get("error") or {}).get("compensation_failed") or []
+    if status["status"] == "failed" and broken \
+            and {_base(k) for k in broken} <= resets_undid:
+        # a reset whose undo failed ends the run failed, reopening nothing
+        # (docs/howto/migrate-and-reset.md); the undo itself is checked above
+        return bad
     if status["status"] not in exp.statuses:
         why = " (break 6: a healthy run quarantined under churn)" if quarantined else ""
         bad.append(f"oracle: the run ended {status['status']} ({status.get('error')}); the "
