@@ -21,8 +21,10 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -186,8 +188,14 @@ class Simulation:
                 self.trace.signals.append((time.time(), "stop", w.pid))
                 w.send_signal(signal.SIGSTOP)
                 self.trace.stopped.add(w.pid)
-                self.later.append((now + self.lease * self.rng.uniform(1.5, 3.0), "cont",
-                                   w.pid))
+                delay = self.lease * self.rng.uniform(1.5, 3.0)
+                self.later.append((now + delay, "cont", w.pid))
+                # continued on time even while an operator's command holds the driver up:
+                # on SQLite a worker stopped inside a write holds everyone's writes up
+                # (the lock's 30 s wait), and the driver would continue it only after
+                timer = threading.Timer(delay, _cont, (w.pid,))
+                timer.daemon = True
+                timer.start()
                 if not self.live_workers():
                     self.start_worker()
         elif name == "outage":
@@ -204,7 +212,8 @@ class Simulation:
                 self.later.append((now + self.rng.uniform(0.3, 1.5), "unpause", None))
         elif name == "cancel":
             r = self.cli("cancel", rid, "--reason", "simulated", "--json", tools=True)
-            if r.returncode == 0:
+            if r.returncode == 0 or (r.returncode == 1 and _undo_failed(r.stdout)):
+                # exit 1: taken, but one of its undos failed, so the run ended failed
                 self.trace.cancelled = True
             elif "cannot" not in r.stderr and "is " not in r.stderr:
                 self.trace.problems.append(f"saga cancel exited {r.returncode}: "
@@ -346,7 +355,7 @@ class Simulation:
                     self.later.remove(item)
                     _, what, arg = item
                     if what == "cont":
-                        os.kill(arg, signal.SIGCONT)
+                        _cont(arg)
                     elif what == "unpause":
                         r = self.cli("unpause", rid)
                         if r.returncode != 0 and "not paused" not in r.stderr:
@@ -430,7 +439,7 @@ class Simulation:
     def _stop_all(self) -> None:
         for _, what, arg in self.later:
             if what == "cont":
-                os.kill(arg, signal.SIGCONT)
+                _cont(arg)
         self.later.clear()
         procs = [*self.workers, *(p for _, p in self.others)]
         for p in procs:
@@ -443,3 +452,19 @@ class Simulation:
                 self.trace.problems.append(f"process {p.args[3:5]} ignored SIGTERM for 20 s")
                 p.kill()
                 p.wait()
+
+
+def _undo_failed(stdout: str) -> bool:
+    """A command's ``--json`` answer says the run ended with a failed compensation."""
+    try:
+        answer = json.loads(stdout)
+    except ValueError:
+        return False
+    return isinstance(answer, dict) and answer.get("status") == "failed" \
+        and bool((answer.get("error") or {}).get("compensation_failed"))
+
+
+def _cont(pid: int) -> None:
+    """SIGCONT to a stopped worker (it may have ended meanwhile: a kill, the timer's)."""
+    with suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGCONT)

@@ -37,7 +37,8 @@ must happen:
 
 **Where timing decides, the oracle gives a set of allowed outcomes**, not one:
 
-- a ``cancel`` that saga accepted ends the run ``cancelled`` (its compensations are
+- a ``cancel`` that saga accepted ends the run ``cancelled``, or ``failed`` when one of
+  its undos fails (its compensations are
   then checked exactly against the log by the invariants, since which steps had
   completed depends on when the cancel landed); one that saga refused because the run
   had already ended leaves the uncancelled outcome;
@@ -157,8 +158,10 @@ def expect(case: dict[str, Any], *, cancelled: bool = False, interrupted: set[st
     redrives by ``saga retry``) and the step attempts the log records as interrupted.
     ``turns``: a resource limit makes a parallel group's members take turns."""
     interrupted = interrupted or set()
-    if cancelled:
-        return Expected({"cancelled"})
+    if cancelled:  # a cancel's undo the case makes fail ends the run failed
+        return Expected({"cancelled", "failed"} if any(undo_may_fail(case, s["id"])
+                                                       for s in case["steps"])
+                        else {"cancelled"})
     if case.get("timeout"):
         # its last step waits for a signal nobody sends: the run's deadline ends it,
         # undoing what it did (or failing when there was nothing to undo), unless a
