@@ -5,8 +5,6 @@ event, reloading on a concurrent write, and some then drive the run."""
 from __future__ import annotations
 
 import logging
-import random
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +23,7 @@ from saga.executor import EventHook, check_tools
 from saga.lazy import lazy
 from saga.scheduler import controls, is_loop_parent, undo_order
 from saga.store import SagaApplication
+from saga.store.patience import PATIENCE, patiently
 from saga.telemetry import metrics
 from saga.tools import Registry
 from saga.views import waiting_child, waits_of
@@ -47,7 +46,7 @@ class RunCommands:
 
     #: How long (seconds) a command keeps trying to land on a run other writers keep
     #: appending to before it gives up (ConcurrentWriteError, exit code 5).
-    append_patience: float = 5.0
+    append_patience: float = PATIENCE
 
     if TYPE_CHECKING:
         @property
@@ -193,24 +192,18 @@ class RunCommands:
         given up because the run is busy (the driver takes it in once it lands:
         saga.executor.incoming). The waits between tries are short and jittered, so a
         command does not fall into step with the driver's appends."""
-        deadline = time.monotonic() + self.append_patience
-        backoff = 0.005
-        while True:
-            if run is None:
-                run = self.get(run_id)
-            _refuse_redacted(run)
-            record(run)
-            pending = list(run.pending_events)
-            try:
-                self.app.save_run(run)
-                metrics.recorded(run.name, pending)
-                return run
-            except ConcurrentWriteError:
-                run = None
-                if time.monotonic() >= deadline:
-                    raise
-            time.sleep(random.uniform(backoff / 2, backoff))
-            backoff = min(backoff * 2, 0.1)
+        given = run
+
+        def attempt() -> Run:
+            nonlocal given
+            current, given = given if given is not None else self.get(run_id), None
+            _refuse_redacted(current)
+            record(current)
+            pending = list(current.pending_events)
+            self.app.save_run(current)
+            metrics.recorded(current.name, pending)
+            return current
+        return patiently(attempt, self.append_patience)
 
     def _command(self, run_id: str, record: Any, on_events: EventHook | None) -> Run:
         """Append a command's event (reloading on a concurrent write), then drive the run

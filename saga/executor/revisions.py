@@ -19,9 +19,7 @@ from saga.domain import Run, check_labels, revisions
 from saga.errors import ConcurrentWriteError, RunStateError
 from saga.scheduler import compensation_order, is_loop_parent
 from saga.store.application import SagaApplication
-
-#: How often a command reloads and checks again when another writer appended first.
-ATTEMPTS = 5
+from saga.store.patience import patiently
 
 
 @dataclass
@@ -73,7 +71,8 @@ def migrate(app: SagaApplication, run_id: str, plan: Plan, *, actor: str,
     ``DefinitionMigrated``. The check runs on the run's history as it is at the version
     the event is appended at; a concurrent append makes it run again."""
     definition, to_hash = plan.record(), plan.digest()
-    for _ in range(ATTEMPTS):
+
+    def attempt() -> MigrationCheck:
         run = app.get_run(run_id)
         _refuse(run, "migrated")
         if run.is_finished:
@@ -85,18 +84,15 @@ def migrate(app: SagaApplication, run_id: str, plan: Plan, *, actor: str,
             return check
         events = app.domain_events(run_id)
         if not events or events[-1].originator_version != run.version:
-            continue  # appended between the two reads: check the history the run has
+            raise ConcurrentWriteError(run_id)  # appended between the two reads: again
         check.divergence = replay.check_migration(events, plan)
         if check.divergence is not None or dry_run:
             return check
         revisions.migrate(run, definition, to_hash, actor, reason)
-        try:
-            app.save_run(run)
-        except ConcurrentWriteError:
-            continue
+        app.save_run(run)
         check.migrated, check.version = True, run.version
         return check
-    raise ConcurrentWriteError(run_id)
+    return patiently(attempt)
 
 
 def migrate_many(app: SagaApplication, run_ids: list[str], plan: Plan, *, actor: str,
@@ -166,13 +162,11 @@ def relabel(app: SagaApplication, run_id: str, changes: dict[str, str],
             actor: str) -> Run:
     """Record a change of the run's labels (an empty value removes the label)."""
     changes = check_labels(changes)
-    for _ in range(ATTEMPTS):
+
+    def attempt() -> Run:
         run = app.get_run(run_id)
         _refuse(run, "labelled")
         revisions.relabel(run, changes, actor)
-        try:
-            app.save_run(run)
-        except ConcurrentWriteError:
-            continue
+        app.save_run(run)
         return run
-    raise ConcurrentWriteError(run_id)
+    return patiently(attempt)

@@ -131,3 +131,53 @@ def test_saga_signal_exits_0_on_a_busy_run_and_a_new_process_reads_it(
             [("go", {"n": 7}, "ops")]
         assert run.context["labels"]["busy"] == "0"  # every forced conflict happened
     assert json.loads(sent.stdout)  # the CLI printed the run it signalled
+
+
+def test_label_and_migrate_outlast_a_run_that_keeps_changing(settings: Settings) -> None:
+    """``saga label`` and ``saga migrate`` gave up after 5 immediate tries (exit 5, "was
+    changed by another writer"; the conformance simulator's long mode found both); they
+    now try as long as every other command."""
+    run_id = waiting_run(settings)
+    later = {**FLOW, "steps": [*FLOW["steps"],
+                               {"id": "after", "tool": "echo", "parameters": {"y": 2}}]}
+    with Saga(settings) as s, Saga(settings) as other:
+        tried = beaten(s, other, BUSY)
+        s.label(run_id, {"team": "ops"})
+        assert tried[0] == BUSY + 1
+        tried = beaten(s, other, BUSY)
+        check = s.migrate(run_id, s.load(later))
+        assert check.migrated and tried[0] == BUSY + 1
+    with Saga(settings) as fresh:
+        run = fresh.get(run_id)
+        assert run.context["labels"]["team"] == "ops"
+        assert [e["type"] for e in fresh.history(run_id)].count("DefinitionMigrated") == 1
+        assert "after" in [s["id"] for s in run.definition["steps"]]
+
+
+@pytest.mark.parametrize("command", ["label", "migrate"])
+def test_saga_label_and_migrate_exit_0_on_a_busy_run(settings: Settings, tmp_path: Path,
+                                                     command: str) -> None:
+    run_id = waiting_run(settings)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAGA_")}
+    env.update(BUSY=str(BUSY), SAGA_ACTOR="ops",
+               PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
+    if settings.is_postgres:
+        env.update(SAGA_DATABASE_URL=settings.database_url or "",
+                   SAGA_DATABASE_SCHEMA=settings.schema or "")
+    else:
+        env["SAGA_HOME"] = str(settings.home)
+    later = tmp_path / "later.json"
+    later.write_text(json.dumps({**FLOW, "steps": [
+        *FLOW["steps"], {"id": "after", "tool": "echo", "parameters": {"y": 2}}]}))
+    args = ["label", run_id, "team=ops"] if command == "label" else \
+        ["migrate", run_id, "--to", str(later)]
+    done = subprocess.run([sys.executable, "-c", CLI_BUSY, *args], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    with Saga(settings) as fresh:
+        run = fresh.get(run_id)
+        assert run.context["labels"]["busy"] == "0"  # every forced conflict happened
+        if command == "label":
+            assert run.context["labels"]["team"] == "ops"
+        else:
+            assert "after" in [s["id"] for s in run.definition["steps"]]
