@@ -202,9 +202,10 @@ def expect(case: dict[str, Any], *, cancelled: bool = False, interrupted: set[st
                 if steps[s["id"]] == {"completed"} and s.get("fail_times"):
                     steps[s["id"]] = {"completed", "failed", "compensated"}
                     uncertain = True
-                elif steps[s["id"]] == {"completed"} and turns:
-                    # taking turns for a slot, it may not have started yet
-                    steps[s["id"]] = {"completed", "compensated", "pending"}
+                if turns and steps[s["id"]] != {"skipped"}:
+                    # taking turns for a slot, it may not have started yet (whether it
+                    # would have completed or failed)
+                    steps[s["id"]] = steps[s["id"]] | {"compensated", "pending"}
                     uncertain = True
         failed = stop
     if uncertain:

@@ -122,3 +122,7 @@ def test_the_oracle_on_hand_made_cases() -> None:
     # taking turns for a resource's slot, c may never start once b failed
     # (its fate, and so what is undone, is then read from the log)
     assert "c" not in model.expect(group, turns=True).steps
+    both_fail = {"steps": [act("a"), act("b", group="g", fail_times=1),
+                           act("c", group="g", fail_times=1)], "rollback": True}
+    assert model.expect(both_fail).steps["c"] == {"failed"}
+    assert "c" not in model.expect(both_fail, turns=True).steps  # may never have started
