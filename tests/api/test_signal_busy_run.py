@@ -83,6 +83,19 @@ def beaten(s: Saga, other: Saga, times: int | None) -> list[int]:
     return tried
 
 
+def busy_env(settings: Settings) -> dict[str, str]:
+    """The environment of a ``CLI_BUSY`` process on the store of ``settings``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAGA_")}
+    env.update(BUSY=str(BUSY), SAGA_ACTOR="ops",
+               PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
+    if settings.is_postgres:
+        env.update(SAGA_DATABASE_URL=settings.database_url or "",
+                   SAGA_DATABASE_SCHEMA=settings.schema or "")
+    else:
+        env["SAGA_HOME"] = str(settings.home)
+    return env
+
+
 def test_a_signal_outlasts_a_run_that_keeps_changing(settings: Settings) -> None:
     run_id = waiting_run(settings)
     with Saga(settings) as s, Saga(settings) as other:
@@ -113,14 +126,7 @@ def test_a_command_gives_up_once_its_patience_is_spent(sqlite_settings: Settings
 def test_saga_signal_exits_0_on_a_busy_run_and_a_new_process_reads_it(
         settings: Settings, tmp_path: Path) -> None:
     run_id = waiting_run(settings)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SAGA_")}
-    env.update(BUSY=str(BUSY), SAGA_ACTOR="ops",
-               PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
-    if settings.is_postgres:
-        env.update(SAGA_DATABASE_URL=settings.database_url or "",
-                   SAGA_DATABASE_SCHEMA=settings.schema or "")
-    else:
-        env["SAGA_HOME"] = str(settings.home)
+    env = busy_env(settings)
     sent = subprocess.run(
         [sys.executable, "-c", CLI_BUSY, "signal", run_id, "go", "--data", '{"n": 7}',
          "--json"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
@@ -158,14 +164,7 @@ def test_label_and_migrate_outlast_a_run_that_keeps_changing(settings: Settings)
 def test_saga_label_and_migrate_exit_0_on_a_busy_run(settings: Settings, tmp_path: Path,
                                                      command: str) -> None:
     run_id = waiting_run(settings)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SAGA_")}
-    env.update(BUSY=str(BUSY), SAGA_ACTOR="ops",
-               PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
-    if settings.is_postgres:
-        env.update(SAGA_DATABASE_URL=settings.database_url or "",
-                   SAGA_DATABASE_SCHEMA=settings.schema or "")
-    else:
-        env["SAGA_HOME"] = str(settings.home)
+    env = busy_env(settings)
     later = tmp_path / "later.json"
     later.write_text(json.dumps({**FLOW, "steps": [
         *FLOW["steps"], {"id": "after", "tool": "echo", "parameters": {"y": 2}}]}))
