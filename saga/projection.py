@@ -198,9 +198,6 @@ class _Fold:
                 run["labels"] = _json(labels)
             case "RunReset":
                 run.update(finished_at=None, duration_ms=None, failed_step=None, error=None)
-                for key in getattr(e, "asked_again", ()):  # a rejected step is asked again
-                    self.step(run_id, key, 0).update(status="pending", finished_at=None,
-                                                     error=None)
             case "StepsReopened":
                 for key in e.steps:  # as never started (the Run fold drops them)
                     step_id, _, rest = key.partition("[")

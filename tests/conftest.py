@@ -118,6 +118,21 @@ def sqlite_settings(tmp_path: Path) -> Settings:
     return Settings(home=tmp_path / ".saga", actor="tester")
 
 
+def store_env(settings: Settings, **extra: str) -> dict[str, str]:
+    """The environment of a new process on the store of ``settings``: none of this
+    process's ``SAGA_*``, this checkout importable, then ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAGA_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                         env.get("PYTHONPATH", "")])
+    if settings.is_postgres:
+        env.update(SAGA_DATABASE_URL=settings.database_url or "",
+                   SAGA_DATABASE_SCHEMA=settings.schema or "")
+    else:
+        env["SAGA_HOME"] = str(settings.home)
+    env.update(extra)
+    return env
+
+
 @pytest.fixture
 def registry() -> Registry:
     """Built-ins plus the test tools in tests/standins/standins.py."""

@@ -14,7 +14,6 @@ a real worker's slow branch waits on, and waits until the worker has recorded th
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from saga import Saga
 from saga.config import Settings
 from saga.domain import Run
 from saga.errors import RunStateError
+from tests.conftest import store_env
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ("--tools", "tests.standins.standins")
@@ -61,16 +61,9 @@ run()
 
 
 def env_for(settings: Settings, tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SAGA_")}
-    env.update(SAGA_TEST_CALL_LOG=str(tmp_path / "calls.jsonl"), SAGA_WATCH_SECONDS="0.1",
-               SAGA_LEASE_SECONDS="2", SAGA_ACTOR="ops",
-               PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]), **extra)
-    if settings.is_postgres:
-        env.update(SAGA_DATABASE_URL=settings.database_url or "",
-                   SAGA_DATABASE_SCHEMA=settings.schema or "")
-    else:
-        env["SAGA_HOME"] = str(settings.home)
-    return env
+    return store_env(settings, SAGA_TEST_CALL_LOG=str(tmp_path / "calls.jsonl"),
+                     SAGA_WATCH_SECONDS="0.1", SAGA_LEASE_SECONDS="2", SAGA_ACTOR="ops",
+                     **extra)
 
 
 @pytest.fixture

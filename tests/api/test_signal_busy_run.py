@@ -15,7 +15,6 @@ those appends is refused by the real version fence.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -27,8 +26,7 @@ import pytest
 from saga import Saga
 from saga.config import Settings
 from saga.errors import ConcurrentWriteError
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import store_env
 
 #: More conflicts in a row than the old fixed count of tries (6) survived.
 BUSY = 10
@@ -85,15 +83,7 @@ def beaten(s: Saga, other: Saga, times: int | None) -> list[int]:
 
 def busy_env(settings: Settings) -> dict[str, str]:
     """The environment of a ``CLI_BUSY`` process on the store of ``settings``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SAGA_")}
-    env.update(BUSY=str(BUSY), SAGA_ACTOR="ops",
-               PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
-    if settings.is_postgres:
-        env.update(SAGA_DATABASE_URL=settings.database_url or "",
-                   SAGA_DATABASE_SCHEMA=settings.schema or "")
-    else:
-        env["SAGA_HOME"] = str(settings.home)
-    return env
+    return store_env(settings, BUSY=str(BUSY), SAGA_ACTOR="ops")
 
 
 def test_a_signal_outlasts_a_run_that_keeps_changing(settings: Settings) -> None:

@@ -12,7 +12,6 @@ or, should it miss one, when its own append conflicts with it (it then never loo
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -26,6 +25,7 @@ import pytest
 from saga import Saga
 from saga.config import Settings
 from saga.executor import incoming
+from tests.conftest import store_env
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The worker looks for commands this often, or (600) never while a call runs: it then
@@ -35,17 +35,9 @@ TOOLS = ("--tools", "tests.standins.standins")
 
 
 def env_for(settings: Settings, calls: Path, watch: str = "1") -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SAGA_")}
     # A snapshot every 4 events: each process reads the runs past snapshots.
-    env.update(SAGA_TEST_CALL_LOG=str(calls), SAGA_WATCH_SECONDS=watch,
-               SAGA_SNAPSHOT_INTERVAL="4",
-               PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
-    if settings.is_postgres:
-        env.update(SAGA_DATABASE_URL=settings.database_url or "",
-                   SAGA_DATABASE_SCHEMA=settings.schema or "")
-    else:
-        env["SAGA_HOME"] = str(settings.home)
-    return env
+    return store_env(settings, SAGA_TEST_CALL_LOG=str(calls), SAGA_WATCH_SECONDS=watch,
+                     SAGA_SNAPSHOT_INTERVAL="4")
 
 
 def cli(settings: Settings, calls: Path, *args: str) -> subprocess.CompletedProcess[str]:

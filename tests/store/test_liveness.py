@@ -4,6 +4,7 @@ at once; one whose holder never registered waits for its expiry, as before."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -61,6 +62,20 @@ def test_a_worker_id_in_use_is_refused_and_taken_back_once_free(
         again.stop()
 
 
+def _holding_then_cut(leases: Any) -> tuple[Liveness, Any]:
+    """Worker ``w`` live, holding run r1's lease, then its lock's connection cut (an
+    operator's pg_terminate_backend, or a server restart), its next sweep due."""
+    w = Liveness(leases.db, "w", leases.bindings)
+    w.start(1.0)
+    assert leases.claim("r1", "w", 30)
+    lease = leases.lease("r1", "w", 30)
+    lease.expires = leases.clock() + 30
+    assert lease.fresh(1.0) and lease.renew()
+    leases.db.query("SELECT pg_terminate_backend(%s) AS done", (w._conn.info.backend_pid,))
+    w._swept = float("-inf")
+    return w, lease
+
+
 def test_a_worker_that_loses_its_lock_holds_no_lease_until_it_has_it_again(
         pg_settings: Settings, registry: Registry) -> None:
     """Its own connection cut (an operator's pg_terminate_backend): its leases stop
@@ -68,15 +83,7 @@ def test_a_worker_that_loses_its_lock_holds_no_lease_until_it_has_it_again(
     its next sweep takes the lock again."""
     with Saga(pg_settings, registry=registry) as saga:
         leases = saga.leases
-        w = Liveness(leases.db, "w", leases.bindings)
-        w.start(1.0)
-        assert leases.claim("r1", "w", 30)
-        lease = leases.lease("r1", "w", 30)
-        lease.expires = leases.clock() + 30
-        assert lease.fresh(1.0) and lease.renew()
-        pid = w._conn.info.backend_pid
-        leases.db.query("SELECT pg_terminate_backend(%s) AS done", (pid,))
-        w._swept = float("-inf")
+        w, lease = _holding_then_cut(leases)
         assert w.sweep() == []  # finds it lost
         assert not w.alive
         assert not lease.fresh(1.0) and not lease.renew()
@@ -98,13 +105,7 @@ def test_a_renewal_takes_a_lost_lock_back_and_keeps_its_lease_if_nobody_took_it(
     meanwhile), where it gave the run up before (and a server restart quarantined runs)."""
     with Saga(pg_settings, registry=registry) as saga:
         leases = saga.leases
-        w = Liveness(leases.db, "w", leases.bindings)
-        w.start(1.0)
-        assert leases.claim("r1", "w", 30)
-        lease = leases.lease("r1", "w", 30)
-        lease.expires = leases.clock() + 30
-        leases.db.query("SELECT pg_terminate_backend(%s) AS done", (w._conn.info.backend_pid,))
-        w._swept = float("-inf")
+        w, lease = _holding_then_cut(leases)
         assert w.sweep() == [] and w.lost  # found lost: the worker claims nothing now
         assert not lease.renew()  # not at once: others had no moment to see it gone
         back = time.monotonic() + 5  # (once the old backend has let the lock go)
