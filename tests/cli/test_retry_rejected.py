@@ -28,6 +28,7 @@ steps:
 def test_retry_of_a_rejected_step_asks_again_and_runs_only_once_approved(
         settings: Settings, tmp_path: Path) -> None:
     cli = Cli(settings, tmp_path)
+    cli.env["SAGA_SNAPSHOT_INTERVAL"] = "4"  # each new process reads the run past snapshots
     run_id = cli.start(GATED)
     rejected = cli("reject", run_id, "gate")
     assert rejected.returncode == 0, rejected.stderr

@@ -60,6 +60,7 @@ steps:
 def test_a_call_the_deadline_cuts_short_is_undone_or_named_not_undone(
         settings: Settings, tmp_path: Path) -> None:
     cli = Cli(settings, tmp_path)
+    cli.env["SAGA_SNAPSHOT_INTERVAL"] = "4"  # each new process reads the run past snapshots
     (tmp_path / "dlmod.py").write_text(TOOLS)
     run_id = cli.start(FLOW, tools="dlmod")
 
